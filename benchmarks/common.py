@@ -36,8 +36,14 @@ QWEN25_05B_SHAPE = dict(hidden_size=896, intermediate_size=4864, num_hidden_laye
                         num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
                         max_position_embeddings=32768, rope_theta=1_000_000.0, rms_norm_eps=1e-6)
 
+QWEN25_15B_SHAPE = dict(QWEN25_05B_SHAPE, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                        num_attention_heads=12, num_key_value_heads=2)
+QWEN25_7B_SHAPE = dict(QWEN25_05B_SHAPE, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                       num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)
+
 # Model shapes by name: Qwen2 config fields on top of ember's tiny Qwen2 (hidden 64, 2 layers).
-SHAPES: dict[str, dict] = {"tiny": {}, "qwen2.5-0.5b": QWEN25_05B_SHAPE}
+SHAPES: dict[str, dict] = {"tiny": {}, "qwen2.5-0.5b": QWEN25_05B_SHAPE, "qwen2.5-1.5b": QWEN25_15B_SHAPE,
+                           "qwen2.5-7b": QWEN25_7B_SHAPE}
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ember checkout holding benchmarks/
 
@@ -120,7 +126,8 @@ def build_model_dir(shape: str, tokenizer: PreTrainedTokenizerBase, out_dir: str
     config = tiny_model_config("qwen2", vocab_size=vocab_size, bos_token_id=tokenizer.bos_token_id,
                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **overrides)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    with torch.device(device_type() if torch.accelerator.is_available() else "cpu"):  # a 7B init takes minutes on CPU
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     # As the tiny models and Qwen's chat checkpoints do: a turn ends at <|im_end|> or <|endoftext|>.
     stop_ids = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(END_OF_TEXT)]
     model.generation_config = GenerationConfig(bos_token_id=tokenizer.bos_token_id,

@@ -11,6 +11,7 @@ It runs on any device; it is the reference a fused kernel must match.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 import torch.nn.functional as F
@@ -35,17 +36,29 @@ class AttentionInputs:
     """Every sequence has exactly one new token (the case a fused decode kernel handles)."""
     _masks: dict[int | None, Tensor] = field(default_factory=dict, repr=False)
 
-    def __post_init__(self) -> None:
-        most_queries = int(self.query_lengths.max())
-        device = self.query_lengths.device
-        offsets = torch.arange(most_queries, device=device)
-        self.query_valid = offsets[None, :] < self.query_lengths[:, None]
+    @cached_property
+    def _most_queries(self) -> int:
+        # A decode step knows its shape without asking the device (no sync inside a CUDA graph).
+        return 1 if self.is_decode else int(self.query_lengths.max())
+
+    @cached_property
+    def query_valid(self) -> Tensor:
         """(sequences, most queries) which padded query rows are real tokens."""
-        query_starts = torch.cumsum(self.query_lengths, 0) - self.query_lengths
-        self.query_index = torch.where(self.query_valid, query_starts[:, None] + offsets[None, :], 0)
+        offsets = torch.arange(self._most_queries, device=self.query_lengths.device)
+        return offsets[None, :] < self.query_lengths[:, None]
+
+    @cached_property
+    def query_index(self) -> Tensor:
         """(sequences, most queries) index of each padded query row in the flat tokens (0 for padding)."""
-        self.query_positions = (self.context_lengths - self.query_lengths)[:, None] + offsets[None, :]
+        offsets = torch.arange(self._most_queries, device=self.query_lengths.device)
+        query_starts = torch.cumsum(self.query_lengths, 0) - self.query_lengths
+        return torch.where(self.query_valid, query_starts[:, None] + offsets[None, :], 0)
+
+    @cached_property
+    def query_positions(self) -> Tensor:
         """(sequences, most queries) position of each query token in its sequence."""
+        offsets = torch.arange(self._most_queries, device=self.query_lengths.device)
+        return (self.context_lengths - self.query_lengths)[:, None] + offsets[None, :]
 
     def mask(self, sliding_window: int | None) -> Tensor:
         """(sequences, 1, most queries, most keys) which cached keys each query may attend to."""
@@ -77,11 +90,17 @@ def paged_attention(
 ) -> Tensor:
     """Attention of the step's queries (tokens, heads, head_dim) over the cache; returns (tokens, heads, head_dim).
 
-    The keys and values of this step must already be written (`write_kv_cache`).
+    The keys and values of this step must already be written (`write_kv_cache`). Decode
+    steps on CUDA run the Triton kernel that reads the blocks in place; everything else
+    gathers (`gathered_attention`, the reference the kernel is tested against).
     """
-    # Seam for a fused paged decode kernel (Triton or flex attention): when inputs.is_decode,
-    # a kernel that reads the blocks in place replaces the gather below. It must match
-    # `gathered_attention` (tests/integration/test_inference_engine.py compares with transformers).
+    head_dim = queries.shape[-1]
+    if inputs.is_decode and queries.is_cuda and head_dim >= 16 and head_dim & (head_dim - 1) == 0:
+        from ember.inference.kernels.paged_decode import paged_decode_attention
+
+        return paged_decode_attention(
+            queries, key_cache, value_cache, inputs.block_tables, inputs.context_lengths, scale, sliding_window
+        )
     return gathered_attention(queries, key_cache, value_cache, inputs, scale, sliding_window)
 
 

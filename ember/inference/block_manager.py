@@ -75,17 +75,18 @@ class BlockManager:
                 copies.append((leader.block_table[-1], own_block))
         return copies
 
-    def blocks_missing(self, sequence: Sequence) -> int:
-        """Blocks `sequence` still needs before all its tokens (the newest included) have a slot."""
-        return -(-len(sequence) // self.block_size) - len(sequence.block_table)
+    def blocks_missing(self, sequence: Sequence, num_tokens: int | None = None) -> int:
+        """Blocks `sequence` still needs before its first `num_tokens` tokens (default: all it has) have slots."""
+        num_tokens = len(sequence) if num_tokens is None else num_tokens
+        return max(0, -(-num_tokens // self.block_size) - len(sequence.block_table))
 
-    def can_append(self, sequence: Sequence) -> bool:
-        """Whether the free pool can give `sequence` a slot for its newest token."""
-        return self.blocks_missing(sequence) <= self.num_free_blocks
+    def can_append(self, sequence: Sequence, num_tokens: int | None = None) -> bool:
+        """Whether the free pool can give `sequence` slots for its first `num_tokens` tokens (default: all it has)."""
+        return self.blocks_missing(sequence, num_tokens) <= self.num_free_blocks
 
-    def append_slot(self, sequence: Sequence) -> None:
-        """Make sure `sequence`'s newest token has a slot, taking a new block when the last one is full."""
-        for _ in range(self.blocks_missing(sequence)):
+    def append_slot(self, sequence: Sequence, num_tokens: int | None = None) -> None:
+        """Make sure `sequence`'s first `num_tokens` tokens (default: all it has) have slots, taking new blocks."""
+        for _ in range(self.blocks_missing(sequence, num_tokens)):
             sequence.block_table.append(self._take())
 
     def free(self, sequence: Sequence) -> None:

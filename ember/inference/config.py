@@ -33,9 +33,13 @@ class EngineConfig:
     """Dtype of the weights and the KV cache."""
     device: str = "cpu"
     """Device the model and the KV cache live on ("cpu", "cuda", "cuda:1", ...)."""
+    decode_window: int = 8
+    """Decode steps run on the device between two scheduling rounds (a finished slot is refilled after the window)."""
+    use_cuda_graphs: bool = True
+    """On CUDA, replay each decode step as a captured graph (rollout.enforce_eager=false); ignored elsewhere."""
 
     def __post_init__(self) -> None:
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "decode_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine {name}={getattr(self, name)}: set it to at least 1")
         if self.max_num_batched_tokens < self.max_model_len:

@@ -1,9 +1,10 @@
 """LLMEngine: ember's generation engine: token-id prompts in, sampled token ids and log-probs out.
 
 It ties the parts together: the `Scheduler` picks each step's work (continuous batching),
-the `BlockManager` hands out KV-cache blocks, the `ModelRunner` runs ember's own model over
-the paged cache, and `sample_next_tokens` picks the tokens. `generate` loops over steps
-until every sample has finished (a stop token, or max_new_tokens).
+the `BlockManager` hands out KV-cache blocks, the `ModelRunner` prefills new prompts and
+the `DecodeRunner` runs windows of decode steps on the device (CUDA graphs on a GPU), both
+with ember's own model over the paged cache; `sample_next_tokens` picks the tokens.
+`generate` loops until every sample has finished (a stop token, or max_new_tokens).
 
 The engine holds its own copy of the weights; `load_weights` copies new ones in place.
 `free_kv_cache` / `allocate_kv_cache` give the cache memory back and take it again
@@ -22,17 +23,18 @@ from transformers import PretrainedConfig
 from ember.distributed.device import empty_cache
 from ember.inference.block_manager import BlockManager
 from ember.inference.config import EngineConfig
+from ember.inference.decode_runner import DecodeRunner
 from ember.inference.kv_cache import KVCache, kv_block_bytes, num_kv_blocks_for_memory
 from ember.inference.model_runner import ModelRunner
 from ember.inference.models import build_model, load_hf_config, load_weights, read_safetensors
-from ember.inference.sampling import sample_next_tokens, sequence_generator
-from ember.inference.scheduler import Scheduler
+from ember.inference.sampling import sample_next_tokens, sequence_seed
+from ember.inference.scheduler import ScheduledStep, Scheduler
 from ember.inference.sequence import Sequence
 from ember.rollout.base import SamplingParams
 
 
 class LLMEngine:
-    """Batched generation with a paged KV cache for one dense decoder model."""
+    """Batched generation with a paged KV cache for one decoder model (dense or MoE)."""
 
     def __init__(
         self, hf_config: PretrainedConfig, named_tensors: Iterable[tuple[str, Tensor]], config: EngineConfig
@@ -40,7 +42,8 @@ class LLMEngine:
         """hf_config: the model's HF config; named_tensors: every weight, in the checkpoint's names."""
         self.config = config
         self.device = torch.device(config.device)
-        self.model = build_model(hf_config, config.max_model_len, config.dtype, self.device)
+        # A decode window may run a finished sequence a few positions past max_model_len.
+        self.model = build_model(hf_config, config.max_model_len + config.decode_window, config.dtype, self.device)
         load_weights(self.model, named_tensors, require_all=True)
         self.num_kv_blocks = config.num_kv_blocks or self._default_num_kv_blocks()
         if self.num_kv_blocks * config.block_size < config.max_model_len:
@@ -50,7 +53,7 @@ class LLMEngine:
             )
         self.kv_cache = KVCache(
             num_layers=hf_config.num_hidden_layers,
-            num_blocks=self.num_kv_blocks,
+            num_blocks=self.num_kv_blocks + 1,  # the last is the trash block padding rows write to
             block_size=config.block_size,
             num_kv_heads=self.model.num_kv_heads,
             head_dim=self.model.head_dim,
@@ -60,6 +63,21 @@ class LLMEngine:
         self.block_manager = BlockManager(self.num_kv_blocks, config.block_size)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(self.model, self.kv_cache, self.block_manager)
+        self.decoder = DecodeRunner(
+            self.model,
+            self.kv_cache,
+            block_size=config.block_size,
+            max_num_seqs=config.max_num_seqs,
+            max_blocks_per_sequence=config.blocks_for(config.max_model_len + config.decode_window),
+            trash_block=self.num_kv_blocks,
+            use_cuda_graphs=config.use_cuda_graphs and self._graph_safe(),
+        )
+
+    def _graph_safe(self) -> bool:
+        """Whether a decode step can be captured: MoE layers' grouped matmuls stay on the device only in bf16 on sm90+."""
+        if not any(self.model.spec.sparse_layers) or self.device.type != "cuda":
+            return True
+        return self.config.dtype == torch.bfloat16 and torch.cuda.get_device_capability(self.device) >= (9, 0)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig) -> LLMEngine:
@@ -78,7 +96,7 @@ class LLMEngine:
             self.model.head_dim,
             self.config.dtype,
         )
-        return num_kv_blocks_for_memory(total_bytes, free_bytes, self.config.gpu_memory_utilization, block_bytes)
+        return num_kv_blocks_for_memory(total_bytes, free_bytes, self.config.gpu_memory_utilization, block_bytes) - 1
 
     @property
     def prefill_tokens_computed(self) -> int:
@@ -92,17 +110,38 @@ class LLMEngine:
         sequences = self._admit(prompts, sampling)
         stop_token_ids = set() if sampling.ignore_eos else set(sampling.stop_token_ids)
         while not self.scheduler.is_finished():
-            step = self.scheduler.schedule()
-            logits = self.runner.run(step)
-            stepped = step.sequences
-            tokens, log_probs = sample_next_tokens(logits, sampling, [sequence.generator for sequence in stepped])
-            for sequence, token, log_prob in zip(stepped, tokens.tolist(), log_probs.tolist()):
+            step = self.scheduler.schedule(lookahead=self.config.decode_window)
+            if step.is_prefill:
+                tokens, log_probs = self._prefill(step, sampling)
+            else:
+                running = step.decode_sequences
+                steps = min(self.config.decode_window, max(s.max_new_tokens - s.num_generated for s in running))
+                tokens, log_probs = self.decoder.run(running, steps, sampling)
+            self._accept(step.sequences, tokens, log_probs, stop_token_ids)
+        return sequences
+
+    def _prefill(self, step: ScheduledStep, sampling: SamplingParams) -> tuple[list[list[int]], list[list[float]]]:
+        """Prefill the step's prompts and draw each sequence's next token: one token and log-prob per sequence."""
+        logits = self.runner.prefill(step)
+        stepped = step.sequences
+        seeds = torch.tensor([sequence.seed for sequence in stepped], device=self.device)
+        positions = torch.tensor([len(sequence) for sequence in stepped], device=self.device)
+        tokens, log_probs = sample_next_tokens(logits, sampling, seeds, positions)
+        return [[token] for token in tokens.tolist()], [[log_prob] for log_prob in log_probs.tolist()]
+
+    def _accept(
+        self, sequences: list[Sequence], tokens: list[list[int]], log_probs: list[list[float]], stop_token_ids: set[int]
+    ) -> None:
+        """Append each sequence's new tokens up to its first stop token or its token budget, finishing it there."""
+        for sequence, new_tokens, new_log_probs in zip(sequences, tokens, log_probs, strict=True):
+            for token, log_prob in zip(new_tokens, new_log_probs):
                 sequence.append(token, log_prob)
                 if token in stop_token_ids:
                     self.scheduler.finish(sequence, "stop")
-                elif sequence.num_generated >= sequence.max_new_tokens:
+                    break
+                if sequence.num_generated >= sequence.max_new_tokens:
                     self.scheduler.finish(sequence, "length")
-        return sequences
+                    break
 
     def _admit(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Sequence]:
         """Check the prompts fit, make their sequences and queue them, one group per prompt."""
@@ -123,7 +162,7 @@ class LLMEngine:
                         sequence_id=sequence_id,
                         prompt_length=len(prompt),
                         token_ids=list(prompt),
-                        generator=sequence_generator(sampling.seed, sequence_id, self.device),
+                        seed=sequence_seed(sampling.seed, sequence_id),
                         max_new_tokens=sampling.max_new_tokens,
                     )
                 )
@@ -140,6 +179,7 @@ class LLMEngine:
         """Release the KV cache's memory (between rollouts); `generate` is refused until `allocate_kv_cache`."""
         if not self.scheduler.is_finished():
             raise RuntimeError("free_kv_cache called while sequences are generating")
+        self.decoder.drop_graphs()  # they point at the cache's memory
         self.kv_cache.free()
         empty_cache()
 

@@ -1,11 +1,19 @@
-"""Choosing each sequence's next token from its logits: greedy, or temperature / top-k / top-p sampling.
+"""Choosing each sequence's next token from its logits, for the whole batch at once, on the device.
+
+The one thing to know: sampling draws no random state. A token is the argmax of
+`scores + Gumbel noise` (the Gumbel-max trick, an exact draw from softmax(scores)), and the
+noise of vocabulary entry j for a sequence at a position is a hash of (the sequence's
+32-bit seed, the position, j). So a sequence draws the same tokens whatever else shares
+its batch, whichever step or decode window it lands in, and after a preemption; and the
+draw can run inside a captured CUDA graph. `scores` are the logits / temperature with the
+top-k / top-p cut applied (-inf outside).
 
 The log-prob returned with a token is log_softmax(raw_logits / temperature) at that token
-(`ember.rollout.sampling.token_log_probs`, the same convention as the hf rollout and the
-training side), not the log-prob under the top-k / top-p truncated distribution.
+(`ember.rollout.sampling`: the same convention as the hf rollout and the training side),
+not the log-prob under the truncated distribution.
 
-Each sequence may carry its own torch.Generator: a seeded request then draws the same
-tokens whatever else shares the batch, and whichever step it is scheduled in.
+On CUDA one Triton kernel (`kernels/sample.py`) reads each logits row once for the noise,
+the argmax and the log-softmax; elsewhere the same hash runs in PyTorch.
 """
 
 from __future__ import annotations
@@ -16,30 +24,58 @@ from torch import Tensor
 from ember.rollout.base import SamplingParams
 from ember.rollout.sampling import log_prob_temperature, token_log_probs
 
-
-def sample_next_tokens(
-    logits: Tensor, sampling: SamplingParams, generators: list[torch.Generator | None]
-) -> tuple[Tensor, Tensor]:
-    """Next token of each row of `logits` (rows, vocab) and its rollout log-prob; both (rows,).
-
-    generators: one per row; a row with None draws from the global RNG.
-    """
-    if sampling.greedy:
-        tokens = logits.argmax(dim=-1)
-    else:
-        probabilities = truncated_probabilities(logits, sampling.temperature, sampling.top_k, sampling.top_p)
-        tokens = draw(probabilities, generators)
-    return tokens, token_log_probs(logits, tokens, log_prob_temperature(sampling))
+MASK32 = 0xFFFFFFFF
+GOLDEN32 = 0x9E3779B1
+"""Multiplier spreading vocabulary indices over 32 bits before hashing."""
+MIX_MULTIPLIERS = (0x21F0AAAD, 0xD35A2D97)
+"""The two rounds' odd multipliers of `mix32` (the Triton kernel uses the same)."""
 
 
-def truncated_probabilities(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
-    """softmax(logits / temperature) restricted to the top-k tokens and the top-p nucleus, renormalised.
+def mix32(values: Tensor) -> Tensor:
+    """A 32-bit integer hash (xorshift-multiply rounds), elementwise on int64 tensors holding uint32 values."""
+    values = values ^ (values >> 16)
+    values = _mul32(values, MIX_MULTIPLIERS[0])
+    values = values ^ (values >> 15)
+    values = _mul32(values, MIX_MULTIPLIERS[1])
+    return values ^ (values >> 15)
+
+
+def _mul32(values: Tensor, constant: int) -> Tensor:
+    """(values * constant) mod 2**32 without int64 overflow: the constant is split in 16-bit halves."""
+    low = values * (constant & 0xFFFF)
+    high = ((values * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & MASK32
+
+
+def row_keys(seeds: Tensor, positions: Tensor) -> Tensor:
+    """One 32-bit key per row: the hash of its sequence's seed and the position of the token being drawn."""
+    return mix32((seeds.long() & MASK32) ^ mix32(positions.long() & MASK32))
+
+
+def gumbel_noise(keys: Tensor, vocab_size: int) -> Tensor:
+    """(rows, vocab) float32 Gumbel(0, 1) noise, a pure function of each row's key and the vocabulary index."""
+    spread = _mul32(torch.arange(vocab_size, device=keys.device, dtype=torch.long), GOLDEN32)
+    hashed = mix32(keys[:, None] ^ spread[None, :])
+    uniform = ((hashed >> 8).float() + 0.5) * (1.0 / (1 << 24))
+    return -torch.log(-torch.log(uniform))
+
+
+def sequence_seed(request_seed: int | None, sequence_id: int) -> int:
+    """The 32-bit seed of sample `sequence_id` of a request: derived from `request_seed`, or drawn from torch's RNG."""
+    if request_seed is None:
+        return int(torch.randint(0, 1 << 31, ()))
+    key = torch.tensor([(request_seed * 1_000_003 + sequence_id) & MASK32])
+    return int(mix32(mix32(key) ^ ((request_seed >> 32) & MASK32))[0])
+
+
+def truncated_scores(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """logits / temperature in float32, -inf outside the top-k tokens and the top-p nucleus.
 
     top_k <= 0 and top_p = 1 turn the respective cut off. The nucleus is the smallest set
     of most likely tokens whose probability reaches top_p (the most likely token always stays).
     """
     scaled = logits.float() / temperature
-    if top_k > 0 and top_k < scaled.shape[-1]:
+    if 0 < top_k < scaled.shape[-1]:
         kth_largest = scaled.topk(top_k, dim=-1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
     if top_p < 1:
@@ -50,22 +86,34 @@ def truncated_probabilities(logits: Tensor, temperature: float, top_k: int, top_
         outside[:, 0] = False
         outside_in_vocab_order = torch.zeros_like(outside).scatter(-1, order, outside)
         scaled = scaled.masked_fill(outside_in_vocab_order, float("-inf"))
-    return scaled.softmax(dim=-1)
+    return scaled
 
 
-def draw(probabilities: Tensor, generators: list[torch.Generator | None]) -> Tensor:
-    """One token per row from `probabilities` (rows, vocab), each row from its own generator when it has one."""
-    if all(generator is None for generator in generators):
-        return torch.multinomial(probabilities, 1).squeeze(-1)
-    return torch.cat(
-        [torch.multinomial(row[None], 1, generator=generator).squeeze(-1) for row, generator in zip(probabilities, generators)]
-    )
+def truncated_probabilities(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
+    """The distribution a token is drawn from: softmax of `truncated_scores`."""
+    return truncated_scores(logits, temperature, top_k, top_p).softmax(dim=-1)
 
 
-def sequence_generator(seed: int | None, sequence_id: int, device: torch.device) -> torch.Generator | None:
-    """The random stream of sample `sequence_id` of a request seeded with `seed`; None for an unseeded request."""
-    if seed is None:
-        return None
-    generator = torch.Generator(device=device)
-    generator.manual_seed((seed * 1_000_003 + sequence_id) % 2**63)
-    return generator
+def sample_next_tokens(logits: Tensor, sampling: SamplingParams, seeds: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """Next token of each row of `logits` (rows, vocab) and its rollout log-prob; both (rows,).
+
+    seeds: (rows,) each row's sequence seed; positions: (rows,) the position the drawn token
+    will take in its sequence. Greedy rows ignore both.
+    """
+    log_temperature = log_prob_temperature(sampling)
+    truncates = 0 < sampling.top_k < logits.shape[-1] or sampling.top_p < 1
+    if logits.is_cuda:
+        from ember.inference.kernels.sample import fused_sample
+
+        if sampling.greedy:
+            return fused_sample(logits, logits, None, None, 1.0, log_temperature)
+        if truncates:
+            scores = truncated_scores(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+            return fused_sample(scores, logits, seeds, positions, 1.0, log_temperature)
+        return fused_sample(logits, logits, seeds, positions, 1.0 / sampling.temperature, log_temperature)
+    if sampling.greedy:
+        tokens = logits.argmax(dim=-1)
+    else:
+        scores = truncated_scores(logits, sampling.temperature, sampling.top_k, sampling.top_p)
+        tokens = (scores + gumbel_noise(row_keys(seeds, positions), logits.shape[-1])).argmax(dim=-1)
+    return tokens, token_log_probs(logits, tokens, log_temperature)

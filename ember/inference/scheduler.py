@@ -1,9 +1,11 @@
 """Scheduler: continuous batching: which sequences the next engine step prefills or decodes.
 
 Each step is either a prefill (new prompts, as many as fit in `max_num_batched_tokens`,
-the free slots of `max_num_seqs` and the free KV blocks) or a decode (one new token for
-every running sequence). Prefill goes first whenever a prompt fits, so a slot freed by a
-finished sequence (stop token or max_new_tokens) is refilled at the next step.
+the free slots of `max_num_seqs` and the free KV blocks) or a decode window (up to
+`lookahead` new tokens for every running sequence, run on the device without coming back
+here: blocks are reserved for all of them up front). Prefill goes first whenever a prompt
+fits, so a slot freed by a finished sequence (stop token or max_new_tokens) is refilled at
+the next step.
 
 The n samples of one prompt wait as one group and are prefilled once (see
 `BlockManager.allocate_group`). When a decode step finds no free block for a sequence,
@@ -61,8 +63,8 @@ class Scheduler:
         """Whether no sequence waits or runs."""
         return not self.waiting and not self.running
 
-    def schedule(self) -> ScheduledStep:
-        """The next step: a prefill of the waiting groups that fit, else a decode of all running sequences."""
+    def schedule(self, lookahead: int = 1) -> ScheduledStep:
+        """The next step: a prefill of the waiting groups that fit, else a decode window of `lookahead` steps."""
         step = self._schedule_prefill()
         if step.groups:
             return step
@@ -73,7 +75,7 @@ class Scheduler:
                 f"cannot hold {len(group)} samples of a {len(group[0])}-token prompt: raise num_kv_blocks "
                 f"(or gpu_memory_utilization), or lower n"
             )
-        return self._schedule_decode()
+        return self._schedule_decode(lookahead)
 
     def _schedule_prefill(self) -> ScheduledStep:
         step = ScheduledStep(is_prefill=True)
@@ -98,18 +100,19 @@ class Scheduler:
             num_sequences += len(group)
         return step
 
-    def _schedule_decode(self) -> ScheduledStep:
+    def _schedule_decode(self, lookahead: int) -> ScheduledStep:
         scheduled: list[Sequence] = []
         candidates = deque(self.running)
         while candidates:
             sequence = candidates.popleft()
-            while not self.block_manager.can_append(sequence):
+            needed = slots_for_window(sequence, lookahead)
+            while not self.block_manager.can_append(sequence, needed):
                 victim = candidates.pop() if candidates else sequence
                 self._preempt(victim)
                 if victim is sequence:
                     break
             else:
-                self.block_manager.append_slot(sequence)
+                self.block_manager.append_slot(sequence, needed)
                 scheduled.append(sequence)
         if not scheduled:
             raise RuntimeError(
@@ -131,3 +134,13 @@ class Scheduler:
         sequence.finish_reason = reason
         self.block_manager.free(sequence)
         self.running.remove(sequence)
+
+
+def slots_for_window(sequence: Sequence, steps: int) -> int:
+    """Tokens of `sequence` that need KV slots for a window of `steps` decode steps.
+
+    Step i feeds the token at position len - 1 + i, so the window writes positions up to
+    len + steps - 2; a sequence never feeds its last allowed token (prompt + max_new_tokens - 1).
+    """
+    last_useful = sequence.prompt_length + sequence.max_new_tokens - 1
+    return max(len(sequence), min(len(sequence) + steps - 1, last_useful))

@@ -1,4 +1,4 @@
-"""Sequence: one sample being generated, its tokens so far, its KV blocks and its random stream.
+"""Sequence: one sample being generated, its tokens so far, its KV blocks and its sampling seed.
 
 A prompt asked for n samples becomes n sequences with the same prompt tokens; they are
 prefilled together once (see `Scheduler`) and share the prompt's full KV blocks.
@@ -8,9 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-
-import torch
-
 
 class SequenceStatus(Enum):
     """Where a sequence is: queued for prefill, holding a slot, or done."""
@@ -30,8 +27,8 @@ class Sequence:
     """Tokens of the prompt at the start of `token_ids`."""
     token_ids: list[int]
     """Prompt followed by the generated tokens."""
-    generator: torch.Generator | None
-    """This sample's random stream (seeded runs), or None to draw from the global RNG."""
+    seed: int
+    """This sample's 32-bit sampling seed: with the token's position it fixes the draw (see `sampling.py`)."""
     max_new_tokens: int
     """Most tokens to generate; reaching it finishes the sequence with "length"."""
     log_probs: list[float] = field(default_factory=list)

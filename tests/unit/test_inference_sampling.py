@@ -1,14 +1,15 @@
-"""Engine sampling: top-k / top-p truncation on hand-computed cases, greedy, per-sequence seeded streams."""
+"""Engine sampling: top-k / top-p truncation on hand-computed cases, greedy, hashed noise per sequence and position."""
 
 import math
 
 import torch
 
-from ember.inference.sampling import sample_next_tokens, sequence_generator, truncated_probabilities
+from ember.inference.sampling import gumbel_noise, row_keys, sample_next_tokens, sequence_seed, truncated_probabilities
 from ember.rollout.base import SamplingParams
 
 # Probabilities 0.5, 0.25, 0.125, 0.125 at temperature 1.
 LOGITS = torch.log(torch.tensor([[0.125, 0.5, 0.125, 0.25]]))
+ZERO = torch.zeros(1, dtype=torch.long)
 
 
 def test_top_k_keeps_the_k_most_likely_tokens_renormalised():
@@ -32,26 +33,41 @@ def test_temperature_scales_logits_before_softmax():
 
 
 def test_greedy_takes_the_argmax_and_returns_its_log_prob_at_temperature_one():
-    tokens, log_probs = sample_next_tokens(LOGITS, SamplingParams(temperature=0.0), [None])
+    tokens, log_probs = sample_next_tokens(LOGITS, SamplingParams(temperature=0.0), ZERO, ZERO)
     assert tokens.tolist() == [1]
     assert math.isclose(log_probs.item(), math.log(0.5), rel_tol=1e-6)
 
 
 def test_log_prob_ignores_truncation():
     sampling = SamplingParams(temperature=1.0, top_k=1, seed=0)
-    tokens, log_probs = sample_next_tokens(LOGITS, sampling, [sequence_generator(0, 0, torch.device("cpu"))])
+    tokens, log_probs = sample_next_tokens(LOGITS, sampling, ZERO, ZERO)
     assert tokens.tolist() == [1]
     assert math.isclose(log_probs.item(), math.log(0.5), rel_tol=1e-6)  # not log(1) under the truncated distribution
 
 
-def test_each_sequence_draws_from_its_own_seeded_stream():
+def test_each_row_draws_from_its_own_seed_and_position_whatever_shares_the_batch():
     logits = torch.zeros(3, 1000)
     sampling = SamplingParams(temperature=1.0)
-    streams = lambda: [sequence_generator(5, sequence_id, torch.device("cpu")) for sequence_id in range(3)]
-    first, _ = sample_next_tokens(logits, sampling, streams())
-    second, _ = sample_next_tokens(logits, sampling, streams())
-    alone, _ = sample_next_tokens(logits[2:], sampling, streams()[2:])
+    seeds = torch.tensor([sequence_seed(5, sequence_id) for sequence_id in range(3)])
+    positions = torch.tensor([10, 10, 11])
+    first, _ = sample_next_tokens(logits, sampling, seeds, positions)
+    second, _ = sample_next_tokens(logits, sampling, seeds, positions)
+    alone, _ = sample_next_tokens(logits[2:], sampling, seeds[2:], positions[2:])
+    moved, _ = sample_next_tokens(logits[:1], sampling, seeds[:1], positions[:1] + 1)
     assert first.tolist() == second.tolist()
     assert alone.tolist() == first[2:].tolist()
     assert len(set(first.tolist())) > 1
-    assert sequence_generator(None, 0, torch.device("cpu")) is None
+    assert moved.tolist() != first[:1].tolist()  # the next position draws afresh (1 in 1000 to collide)
+    assert sequence_seed(5, 0) == sequence_seed(5, 0) != sequence_seed(6, 0)
+
+
+def test_hashed_noise_is_uniform_and_independent_across_vocabulary_and_rows():
+    noise = gumbel_noise(row_keys(torch.arange(64), torch.zeros(64, dtype=torch.long)), 4096)
+    uniform = torch.exp(-torch.exp(-noise))  # the Gumbel CDF maps the noise back to U(0, 1)
+    counts = torch.histc(uniform, bins=16, min=0, max=1)
+    expected = uniform.numel() / 16
+    chi_square = float(((counts - expected) ** 2 / expected).sum())
+    assert chi_square < 15 + 5 * math.sqrt(30)
+    neighbours = torch.corrcoef(torch.stack([uniform[:, :-1].flatten(), uniform[:, 1:].flatten()]))[0, 1]
+    rows = torch.corrcoef(torch.stack([uniform[:-1].flatten(), uniform[1:].flatten()]))[0, 1]
+    assert abs(float(neighbours)) < 0.01 and abs(float(rows)) < 0.01

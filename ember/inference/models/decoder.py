@@ -1,9 +1,10 @@
-"""ember's own decoder forward for the dense Llama family: Llama 2/3, SmolLM2, Qwen2/2.5, Qwen3, Mistral.
+"""ember's own decoder forward for Llama 2/3, SmolLM2, Qwen2/2.5, Qwen3, Mistral, Qwen2-MoE and Qwen3-MoE.
 
 These models differ in a few switches, read from the HF config by `DecoderSpec`: bias on
 the q/k/v (and o) projections, RMSNorm of each query and key head (Qwen3), sliding-window
-layers. Modules carry the checkpoint's parameter names (`model.layers.0.self_attn.q_proj.
-weight`, ...), so HF weights and the training engine's tensors load by name.
+layers, which layers have a sparse mixture-of-experts MLP (`moe.py`). Modules carry the
+checkpoint's parameter names (`model.layers.0.self_attn.q_proj.weight`, ...), so HF weights
+and the training engine's tensors load by name.
 
 The forward works on flat tokens (all sequences of a step concatenated, no padding) with
 their positions, and reads and writes the paged KV cache through `ember.inference.attention`.
@@ -13,15 +14,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
 from ember.inference.attention import AttentionInputs, paged_attention, write_kv_cache
+from ember.inference.models.layers import MLP, RMSNorm
+from ember.inference.models.moe import SparseMoeBlock
 from ember.inference.models.rope import RotaryEmbedding
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
+SUPPORTED_MODEL_TYPES = DENSE_MODEL_TYPES + MOE_MODEL_TYPES
 
 
 @dataclass(frozen=True)
@@ -38,45 +41,44 @@ class DecoderSpec:
     """RMSNorm over each query and key head before RoPE (Qwen3)."""
     sliding_windows: tuple[int | None, ...]
     """Per layer: attention window in tokens, or None for full causal attention."""
+    sparse_layers: tuple[bool, ...]
+    """Per layer: the MLP is a sparse mixture of experts (MoE models, by decoder_sparse_step and mlp_only_layers)."""
+    shared_expert: bool
+    """Sparse MLPs add a shared expert scaled by sigmoid(shared_expert_gate(x)) (Qwen2-MoE)."""
 
     @classmethod
     def from_hf_config(cls, config: PretrainedConfig) -> DecoderSpec:
         model_type = config.model_type
-        if model_type not in DENSE_MODEL_TYPES:
+        if model_type not in SUPPORTED_MODEL_TYPES:
             raise NotImplementedError(
                 f"model_type {model_type!r} is not supported by ember's engine (supported: "
-                f"{', '.join(DENSE_MODEL_TYPES)}); use actor_rollout_ref.rollout.name=hf for this model"
+                f"{', '.join(SUPPORTED_MODEL_TYPES)}); use actor_rollout_ref.rollout.name=hf for this model"
             )
         if config.hidden_act != "silu":
             raise NotImplementedError(f"hidden_act {config.hidden_act!r}: ember's engine implements silu only")
         attention_bias = getattr(config, "attention_bias", False)
         layers = range(config.num_hidden_layers)
-        if model_type == "mistral":
+        if model_type in ("mistral", "qwen3_moe"):  # one window for every layer, None when unused
             windows = tuple(config.sliding_window for _ in layers)
         else:
             layer_types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
             windows = tuple(config.sliding_window if kind == "sliding_attention" else None for kind in layer_types)
+        sparse_layers = tuple(
+            model_type in MOE_MODEL_TYPES
+            and config.num_experts > 0
+            and index not in config.mlp_only_layers
+            and (index + 1) % config.decoder_sparse_step == 0
+            for index in layers
+        )
         return cls(
-            qkv_bias=model_type == "qwen2" or attention_bias,
+            qkv_bias=model_type == "qwen2" or (model_type == "qwen2_moe" and config.qkv_bias) or attention_bias,
             output_bias=model_type != "qwen2" and attention_bias,
             mlp_bias=getattr(config, "mlp_bias", False),
-            query_key_norm=model_type == "qwen3",
+            query_key_norm=model_type in ("qwen3", "qwen3_moe"),
             sliding_windows=windows,
+            sparse_layers=sparse_layers,
+            shared_expert=model_type == "qwen2_moe",
         )
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square norm computed in float32, scaled by a learned weight (HF's LlamaRMSNorm)."""
-
-    def __init__(self, size: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, states: Tensor) -> Tensor:
-        as_float = states.float()
-        normalized = as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * normalized.to(states.dtype)
 
 
 class Attention(nn.Module):
@@ -112,20 +114,6 @@ class Attention(nn.Module):
         return self.o_proj(attended.flatten(1).to(states.dtype))
 
 
-class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
-
-    def __init__(self, config: PretrainedConfig, spec: DecoderSpec) -> None:
-        super().__init__()
-        hidden, intermediate = config.hidden_size, config.intermediate_size
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=spec.mlp_bias)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=spec.mlp_bias)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=spec.mlp_bias)
-
-    def forward(self, states: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(states)) * self.up_proj(states))
-
-
 class DecoderLayer(nn.Module):
     """Pre-norm attention and MLP blocks, each added to the residual stream."""
 
@@ -134,11 +122,20 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, spec, layer_index, rotary)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config, spec)
+        self.mlp = SparseMoeBlock(config, spec) if spec.sparse_layers[layer_index] else MLP(config.hidden_size, config.intermediate_size, spec.mlp_bias)
 
-    def forward(self, states: Tensor, positions: Tensor, kv_cache: tuple[Tensor, Tensor], inputs: AttentionInputs) -> Tensor:
-        states = states + self.self_attn(self.input_layernorm(states), positions, kv_cache, inputs)
-        return states + self.mlp(self.post_attention_layernorm(states))
+    def forward(
+        self, states: Tensor, residual: Tensor | None, positions: Tensor, kv_cache: tuple[Tensor, Tensor],
+        inputs: AttentionInputs,
+    ) -> tuple[Tensor, Tensor]:
+        """(this layer's MLP output, the residual stream before it): the next layer (or the final norm) adds them."""
+        if residual is None:
+            residual, normed = states, self.input_layernorm(states)
+        else:
+            normed, residual = self.input_layernorm.add_and_norm(states, residual)
+        attended = self.self_attn(normed, positions, kv_cache, inputs)
+        normed, residual = self.post_attention_layernorm.add_and_norm(attended, residual)
+        return self.mlp(normed), residual
 
 
 class DecoderBody(nn.Module):
@@ -154,7 +151,7 @@ class DecoderBody(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
-    """A dense decoder-only LM: flat token ids and positions in, hidden states out; `logits` for chosen rows."""
+    """A decoder-only LM (dense or MoE): flat token ids and positions in, hidden states out; `logits` for chosen rows."""
 
     def __init__(self, config: PretrainedConfig, max_positions: int) -> None:
         """config: the checkpoint's HF config; max_positions: longest sequence the RoPE tables cover."""
@@ -182,10 +179,10 @@ class DecoderForCausalLM(nn.Module):
         self, token_ids: Tensor, positions: Tensor, kv_cache: list[tuple[Tensor, Tensor]], inputs: AttentionInputs
     ) -> Tensor:
         """Final hidden states (tokens, hidden) of the step's flat tokens; writes their keys and values to the cache."""
-        states = self.model.embed_tokens(token_ids)
+        states, residual = self.model.embed_tokens(token_ids), None
         for layer, layer_cache in zip(self.model.layers, kv_cache, strict=True):
-            states = layer(states, positions, layer_cache, inputs)
-        return self.model.norm(states)
+            states, residual = layer(states, residual, positions, layer_cache, inputs)
+        return self.model.norm.add_and_norm(states, residual)[0]
 
     def logits(self, hidden_states: Tensor) -> Tensor:
         """Next-token logits (rows, vocab) in float32 for the given rows of hidden states."""

@@ -13,6 +13,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ember.inference.models.layers import rotate_queries_keys
+
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
 
@@ -76,12 +78,4 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: Tensor, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
         """Rotate (tokens, heads, head_dim) queries and keys by each token's position (tokens,)."""
-        cos = self.cos[positions][:, None, :]
-        sin = self.sin[positions][:, None, :]
-        return _rotate(queries, cos, sin), _rotate(keys, cos, sin)
-
-
-def _rotate(states: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    first, second = states.chunk(2, dim=-1)
-    rotated_half = torch.cat([-second, first], dim=-1)
-    return (states.float() * cos + rotated_half.float() * sin).to(states.dtype)
+        return rotate_queries_keys(queries, keys, self.cos, self.sin, positions)

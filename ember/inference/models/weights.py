@@ -5,6 +5,10 @@ directory's safetensors files, or handed over by the training engine
 (`named_parameters_for_sync`). The model is built on the meta device and materialised
 empty, so its first load must supply every parameter; later loads (`update_weights`) may
 send any subset, copied in place so the KV cache and any captured graphs stay valid.
+
+MoE experts live in fused 3-D tensors (the names the training engine sends); a saved
+checkpoint names each expert's matrices instead, and those names fill slices of the fused
+tensors (`Experts.per_expert_views`), so both sources load.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from torch import Tensor, nn
 from transformers import AutoConfig, PretrainedConfig
 
 from ember.inference.models.decoder import DecoderForCausalLM
+from ember.inference.models.moe import Experts
 from ember.models.weight_copy import copy_named_tensors
 
 # Buffers some checkpoints carry that the engine recomputes itself.
@@ -40,17 +45,31 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, Tensor]], 
     """Copy tensors into the model's parameters by name, in place; `require_all` checks none was left out.
 
     A tied model's `lm_head.weight` is the embedding itself: both names write the same tensor.
+    A fused expert tensor counts as loaded once every expert's slice of it was.
     """
     parameters = dict(model.named_parameters(remove_duplicate=False))
+    expert_slices = per_expert_slices(model)
+    targets = parameters | {name: view for slices in expert_slices.values() for name, view in slices.items()}
     wanted = ((name, tensor) for name, tensor in named_tensors if not name.endswith(_IGNORED_SUFFIXES))
-    loaded = copy_named_tensors(parameters, wanted, owner=f"ember's {type(model).__name__}")
+    loaded = copy_named_tensors(targets, wanted, owner=f"ember's {type(model).__name__}")
     if require_all:
         tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
         if "model.embed_tokens.weight" in loaded:
             loaded |= tied
+        loaded |= {fused for fused, slices in expert_slices.items() if loaded.issuperset(slices)}
         missing = sorted(set(parameters) - loaded)
         if missing:
             raise ValueError(f"the weights given to the engine lack {len(missing)} parameters, e.g. {missing[:3]}")
+
+
+def per_expert_slices(model: nn.Module) -> dict[str, dict[str, Tensor]]:
+    """Each fused expert parameter's name -> {a checkpoint's per-expert name: the slice of it that name fills}."""
+    return {
+        f"{module_name}.{fused}": {f"{module_name}.{name}": view for name, view in views.items()}
+        for module_name, module in model.named_modules()
+        if isinstance(module, Experts)
+        for fused, views in module.per_expert_views().items()
+    }
 
 
 def read_safetensors(path: str | Path) -> Iterator[tuple[str, Tensor]]:

@@ -1,0 +1,135 @@
+"""DecodeRunner: windows of decode steps that stay on the device between two scheduling rounds.
+
+A window of k steps feeds every running sequence's newest token, samples the next one
+and feeds that back, k times, with no host round trip in between: the step's inputs live
+in fixed device buffers (newest token, position, block table and seed per row) that the
+step itself advances, and slots and context lengths are derived from them on the device.
+The host reads the k x rows sampled tokens once at the end; a sequence that stopped
+inside the window is cut there by the engine (its extra steps wrote only slots of its own
+blocks or of the trash block, never another sequence's).
+
+On CUDA each step (model forward, sampling, advancing the buffers) is one captured CUDA
+graph per padded batch size and sampling setting, replayed k times: a decode step is a
+few hundred small kernels, whose launches would otherwise cost more than the work. Rows
+beyond the real sequences point every block at the trash block. Elsewhere the same step
+runs eagerly.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ember.inference.attention import AttentionInputs
+from ember.inference.kv_cache import KVCache
+from ember.inference.models.decoder import DecoderForCausalLM
+from ember.inference.sampling import sample_next_tokens
+from ember.inference.sequence import Sequence
+from ember.rollout.base import SamplingParams
+
+
+def graph_batch_sizes(max_num_seqs: int) -> list[int]:
+    """Padded batch sizes with a graph each: 1, 2, 4, 8, then powers of two and their midpoints (at most 1/3 waste)."""
+    sizes, power = [1, 2, 4, 8], 8
+    while sizes[-1] < max_num_seqs:
+        sizes += [power + power // 2, power * 2]
+        power *= 2
+    return [size for size in sizes if size < max_num_seqs] + [max_num_seqs]
+
+
+class DecodeRunner:
+    """Runs decode windows for up to `max_num_seqs` sequences over the paged KV cache."""
+
+    def __init__(
+        self,
+        model: DecoderForCausalLM,
+        kv_cache: KVCache,
+        block_size: int,
+        max_num_seqs: int,
+        max_blocks_per_sequence: int,
+        trash_block: int,
+        use_cuda_graphs: bool,
+    ) -> None:
+        self.model = model
+        self.kv_cache = kv_cache
+        self.block_size = block_size
+        self.trash_block = trash_block
+        self.device = kv_cache.device
+        self.use_cuda_graphs = use_cuda_graphs and self.device.type == "cuda"
+        self.batch_sizes = graph_batch_sizes(max_num_seqs)
+        rows = max_num_seqs
+        zeros = lambda: torch.zeros(rows, dtype=torch.long, device=self.device)  # noqa: E731
+        self.token_ids, self.positions, self.seeds, self.step_tokens = zeros(), zeros(), zeros(), zeros()
+        self.ones = torch.ones(rows, dtype=torch.long, device=self.device)
+        self.step_log_probs = torch.zeros(rows, dtype=torch.float32, device=self.device)
+        self.block_tables = torch.full((rows, max_blocks_per_sequence), trash_block, dtype=torch.long, device=self.device)
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.graph_pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
+
+    def drop_graphs(self) -> None:
+        """Forget the captured graphs (they point at the KV cache: call when it is freed)."""
+        self.graphs.clear()
+
+    @torch.inference_mode()
+    def run(self, sequences: list[Sequence], steps: int, sampling: SamplingParams) -> tuple[list[list[int]], list[list[float]]]:
+        """`steps` sampled tokens and their log-probs for each sequence (which must hold slots for them)."""
+        count = len(sequences)
+        padded = next(size for size in self.batch_sizes if size >= count) if self.use_cuda_graphs else count
+        graph = self._graph(padded, sampling) if self.use_cuda_graphs else None
+        self._load_rows(sequences, padded)
+        tokens = torch.empty(steps, count, dtype=torch.long, device=self.device)
+        log_probs = torch.empty(steps, count, dtype=torch.float32, device=self.device)
+        for index in range(steps):
+            if graph is not None:
+                graph.replay()
+            else:
+                self._step(padded, sampling)
+            tokens[index].copy_(self.step_tokens[:count])
+            log_probs[index].copy_(self.step_log_probs[:count])
+        return tokens.T.tolist(), log_probs.T.tolist()
+
+    def _step(self, rows: int, sampling: SamplingParams) -> None:
+        """One decode step for the first `rows` buffer rows: forward, sample, feed the sampled token back."""
+        token_ids, positions, block_tables = self.token_ids[:rows], self.positions[:rows], self.block_tables[:rows]
+        blocks = block_tables.gather(1, (positions // self.block_size)[:, None])[:, 0]
+        inputs = AttentionInputs(
+            slot_mapping=blocks * self.block_size + positions % self.block_size,
+            query_lengths=self.ones[:rows],
+            context_lengths=positions + 1,
+            block_tables=block_tables,
+            block_size=self.block_size,
+            is_decode=True,
+        )
+        hidden = self.model(token_ids, positions, self.kv_cache.layers, inputs)
+        next_tokens, log_probs = sample_next_tokens(self.model.lm_head(hidden), sampling, self.seeds[:rows], positions + 1)
+        self.step_tokens[:rows].copy_(next_tokens)
+        self.step_log_probs[:rows].copy_(log_probs)
+        token_ids.copy_(next_tokens)
+        positions.add_(1)
+
+    def _load_rows(self, sequences: list[Sequence], rows: int) -> None:
+        """Fill the buffers' first `rows` rows: the sequences, then padding rows on the trash block."""
+        width = self.block_tables.shape[1]
+        padding = rows - len(sequences)
+        tables = [sequence.block_table + [self.trash_block] * (width - len(sequence.block_table)) for sequence in sequences]
+        tables += [[self.trash_block] * width] * padding
+        self.block_tables[:rows].copy_(torch.tensor(tables, dtype=torch.long))
+        self.token_ids[:rows].copy_(torch.tensor([sequence.token_ids[-1] for sequence in sequences] + [0] * padding))
+        self.positions[:rows].copy_(torch.tensor([len(sequence) - 1 for sequence in sequences] + [0] * padding))
+        self.seeds[:rows].copy_(torch.tensor([sequence.seed for sequence in sequences] + [0] * padding))
+
+    def _graph(self, rows: int, sampling: SamplingParams) -> torch.cuda.CUDAGraph:
+        """The captured step for `rows` rows and this sampling setting, captured on first use on padding rows."""
+        key = (rows, sampling.greedy, sampling.temperature, sampling.top_k, sampling.top_p)
+        if key not in self.graphs:
+            self._load_rows([], rows)
+            side_stream = torch.cuda.Stream(self.device)
+            side_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side_stream):
+                for _ in range(2):  # compiles the Triton kernels and warms cuBLAS before capture
+                    self._step(rows, sampling)
+            torch.cuda.current_stream(self.device).wait_stream(side_stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.graph_pool):
+                self._step(rows, sampling)
+            self.graphs[key] = graph
+        return self.graphs[key]

@@ -1,0 +1,97 @@
+"""The decoder's small building blocks, each one kernel on CUDA: RMSNorm (fused with the residual add), RoPE, SwiGLU.
+
+A decode step does little arithmetic per kernel, so its time goes to the number of kernels
+more than to their work. On CUDA the elementwise functions here are compiled with
+`torch.compile` (dynamic shapes: one compilation serves every batch size and prefill),
+which fuses each into a single kernel; on other devices they run eagerly. The math is
+HF's: RMSNorm in float32 scaled after casting back, RoPE in float32 ("rotate half").
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def compiled_on_cuda(function: Callable) -> Callable:
+    """`function` itself on CPU tensors, its torch.compile'd version (built on first use) on CUDA tensors."""
+    compiled = None
+
+    @functools.wraps(function)
+    def run(*args):
+        nonlocal compiled
+        if not args[0].is_cuda:
+            return function(*args)
+        if compiled is None:
+            compiled = torch.compile(function, dynamic=True, fullgraph=True)
+        return compiled(*args)
+
+    return run
+
+
+def _rms_norm(states: Tensor, weight: Tensor, eps: float) -> Tensor:
+    as_float = states.float()
+    normalized = as_float * torch.rsqrt(as_float.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * normalized.to(states.dtype)
+
+
+rms_norm = compiled_on_cuda(_rms_norm)
+
+
+@compiled_on_cuda
+def add_rms_norm(states: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    """(rms_norm(states + residual), states + residual): a block's output joins the residual stream and is normed."""
+    summed = states + residual
+    return _rms_norm(summed, weight, eps), summed
+
+
+@compiled_on_cuda
+def rotate_queries_keys(queries: Tensor, keys: Tensor, cos: Tensor, sin: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """Rotate (tokens, heads, head_dim) queries and keys by their tokens' positions; cos/sin: (positions, head_dim)."""
+    cos, sin = cos[positions][:, None, :], sin[positions][:, None, :]
+    return _rotate(queries, cos, sin), _rotate(keys, cos, sin)
+
+
+def _rotate(states: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    first, second = states.chunk(2, dim=-1)
+    rotated_half = torch.cat([-second, first], dim=-1)
+    return (states.float() * cos + rotated_half.float() * sin).to(states.dtype)
+
+
+@compiled_on_cuda
+def silu_and_mul(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up, SwiGLU's gating."""
+    return F.silu(gate) * up
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm computed in float32, scaled by a learned weight (HF's LlamaRMSNorm)."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, states: Tensor) -> Tensor:
+        return rms_norm(states, self.weight, self.eps)
+
+    def add_and_norm(self, states: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        """(norm(states + residual), states + residual)."""
+        return add_rms_norm(states, residual, self.weight, self.eps)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+
+    def forward(self, states: Tensor) -> Tensor:
+        return self.down_proj(silu_and_mul(self.gate_proj(states), self.up_proj(states)))
