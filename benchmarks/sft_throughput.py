@@ -1,5 +1,5 @@
 """SFT training throughput of ember on one device: tokens per second through ember's SFT update,
-with every micro-batch padded to its batch's longest example and with padding cut per micro-batch.
+padded to the batch's longest example, padding cut per micro-batch, and packed without padding.
 
 The engine is an `FSDPEngine` as `ember sft` builds it: role actor, fp32 master weights, bf16
 compute on an accelerator (fp32 on CPU), gradient checkpointing, AdamW as the engine builds it
@@ -7,7 +7,7 @@ compute on an accelerator (fp32 on CPU), gradient checkpointing, AdamW as the en
 ids, lengths uniform in [`--min-length`, `--max-length`], the loss on the second half of each
 sequence, and accumulates gradients over micro-batches of `--micro-batch` examples.
 
-Two modes run one after the other on the same engine and the same batches:
+Three modes run one after the other, each on a fresh engine, on the same batches:
 
 - `padded`: `ember.trainer.sft_step.sft_update`, exactly as `ember sft` calls it. The batch is
   padded to its longest example and `Batch.split` keeps that width, so every micro-batch pays
@@ -16,7 +16,8 @@ Two modes run one after the other on the same engine and the same batches:
   sorted longest first and each micro-batch is cut to its own longest example before the
   forward; the loss is `sft_loss` over the same batch, so the gradient is the one `padded`
   computes. Sorting alone would gain nothing, since the engine never narrows a micro-batch.
-  The gap between the two modes is what padding costs until packing (`use_remove_padding`) lands.
+- `packed`: `use_remove_padding=True` (`training.use_rmpad`), as `ember sft` runs with it: each
+  micro-batch's real tokens in one row with positions restarting per example, no padding at all.
 
 tokens/s counts real (non-pad) tokens and target tokens/s the tokens under the loss, each over
 all timed steps; the step time is the median of `--steps` steps after `--warmup`, device
@@ -171,6 +172,7 @@ class Mode:
     update: Callable[[FSDPEngine, list[SFTExample], int, int], dict[str, float]]
     order: Callable[[list[SFTExample]], list[SFTExample]]  # the order the examples are micro-batched in
     trimmed: bool  # whether each micro-batch is cut to its own longest example
+    packed: bool = False  # whether the engine packs each micro-batch's real tokens in one row (use_remove_padding)
 
 
 def update_length_sorted(engine: FSDPEngine, examples: list[SFTExample], pad_token_id: int,
@@ -181,7 +183,8 @@ def update_length_sorted(engine: FSDPEngine, examples: list[SFTExample], pad_tok
 
 
 MODES = (Mode("padded", sft_update, order=list, trimmed=False),
-         Mode("length-sorted", update_length_sorted, order=sort_by_length, trimmed=True))
+         Mode("length-sorted", update_length_sorted, order=sort_by_length, trimmed=True),
+         Mode("packed", sft_update, order=list, trimmed=False, packed=True))
 
 
 def run_mode(mode: Mode, engine: FSDPEngine, batches: list[list[SFTExample]], pad_token_id: int,
@@ -201,7 +204,8 @@ def run_mode(mode: Mode, engine: FSDPEngine, batches: list[list[SFTExample]], pa
     timed = batches[workload.warmup:]
     timed_s = step_s[workload.warmup:]
     tokens = sum(len(example.input_ids) for examples in timed for example in examples)
-    positions = sum(padded_positions([len(example.input_ids) for example in mode.order(examples)],
+    positions = sum(sum(len(example.input_ids) for example in examples) if mode.packed else
+                    padded_positions([len(example.input_ids) for example in mode.order(examples)],
                                      workload.micro_batch, mode.trimmed) for examples in timed)
     return {"mode": mode.name, "step_s": statistics.median(timed_s), "tokens_per_s": tokens / sum(timed_s),
             "target_tokens_per_s": sum(target_tokens(examples) for examples in timed) / sum(timed_s),
@@ -269,16 +273,19 @@ def main(argv: list[str] | None = None) -> int:
             model_dir = build_model_dir(args.shape, tokenizer, os.path.join(work_dir, "model"), dtype, args.seed)
         # As `ember sft` pads: with the pad token, or EOS where the tokenizer has none.
         pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        engine = FSDPEngine(EngineOptions(model_path=model_dir, role="actor", model_dtype=MASTER_DTYPE,
-                                          param_dtype=workload.compute_dtype, enable_gradient_checkpointing=True,
-                                          seed=args.seed, optim=OptimOptions()))
-    steps_per_mode = workload.warmup + workload.steps
-    examples = make_sft_examples(workload.batch_size * steps_per_mode, len(tokenizer), workload.min_length,
-                                 workload.max_length, args.seed)
-    batches = [examples[start:start + workload.batch_size] for start in range(0, len(examples), workload.batch_size)]
-    summaries = [run_mode(mode, engine, batches, pad_token_id, workload) for mode in MODES]
-    del engine
-    release_ember()
+        steps_per_mode = workload.warmup + workload.steps
+        examples = make_sft_examples(workload.batch_size * steps_per_mode, len(tokenizer), workload.min_length,
+                                     workload.max_length, args.seed)
+        batches = [examples[start:start + workload.batch_size]
+                   for start in range(0, len(examples), workload.batch_size)]
+        summaries = []
+        for mode in MODES:  # a fresh engine per mode: the same starting weights, nothing carried over
+            engine = FSDPEngine(EngineOptions(model_path=model_dir, role="actor", model_dtype=MASTER_DTYPE,
+                                              param_dtype=workload.compute_dtype, enable_gradient_checkpointing=True,
+                                              use_remove_padding=mode.packed, seed=args.seed, optim=OptimOptions()))
+            summaries.append(run_mode(mode, engine, batches, pad_token_id, workload))
+            del engine
+            release_ember()
     print()
     print(format_sft_report(env, workload, model, summaries))
     if args.out:

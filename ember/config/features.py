@@ -59,9 +59,6 @@ RL_UNIMPLEMENTED: list[Row] = [
     _flag("trainer.noise_injection.enabled"),
     _flag("nla.enable"),
     _flag("reward_model.enable"),
-    _flag(f"{_A}.model.use_remove_padding"),
-    _flag("critic.model.use_remove_padding"),
-    _flag(f"{_A}.model.use_fused_kernels"),
     _flag(f"{_A}.model.enable_activation_offload"),
     _flag("critic.model.enable_activation_offload"),
     _flag(f"{_A}.model.lora_rank", "(LoRA) is not implemented yet; use 0"),
@@ -89,7 +86,6 @@ RL_UNIMPLEMENTED: list[Row] = [
 
 SFT_UNIMPLEMENTED: list[Row] = [
     (lambda cfg: cfg.model.strategy == "megatron", lambda cfg: "model.strategy=megatron is not implemented yet; use fsdp2"),
-    _flag("use_remove_padding"),
     _flag("model.lora_rank", "(LoRA) is not implemented yet; use 0"),
     _flag("ulysses_sequence_parallel_size"),
     _flag("model.use_liger"),

@@ -16,6 +16,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from ember.data.batch import Batch
+from ember.data.packing import pack_batch
 
 
 def value_model_config(config: PretrainedConfig) -> PretrainedConfig:
@@ -30,9 +31,18 @@ def value_model_config(config: PretrainedConfig) -> PretrainedConfig:
     return config
 
 
-def compute_response_values(model: nn.Module, batch: Batch) -> torch.Tensor:
-    """[b, R] float32 values before each response token, zero outside `response_mask`."""
-    output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
-                   position_ids=batch.position_ids, use_cache=False)
-    values = output.logits[:, batch.response_prediction_positions, 0].float()
+def compute_response_values(model: nn.Module, batch: Batch, *, packed: bool = False) -> torch.Tensor:
+    """[b, R] float32 values before each response token, zero outside `response_mask`.
+
+    With `packed` the model runs on the real tokens only, in one row (ember/data/packing.py).
+    """
+    if packed:
+        packing = pack_batch(batch)
+        output = model(input_ids=packing.input_ids, attention_mask=None, position_ids=packing.position_ids,
+                       use_cache=False)
+        values = packing.unpack(output.logits[0, packing.prediction_index, 0].float())
+    else:
+        output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                       position_ids=batch.position_ids, use_cache=False)
+        values = output.logits[:, batch.response_prediction_positions, 0].float()
     return values * batch.response_mask

@@ -141,11 +141,15 @@ def optim_options(optim, grad_clip: float, total_rl_steps: int, updates_per_step
                         total_training_steps=total_rl_steps * updates_per_step)
 
 
-def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: OptimOptions | None, seed: int) -> FSDPEngine:
+def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: OptimOptions | None, seed: int, *,
+                 use_remove_padding: bool = False, use_fused_kernels: bool = False) -> FSDPEngine:
+    """An FSDP engine for `role`; the two speed switches come from wherever the caller's
+    config keeps them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT)."""
     return FSDPEngine(EngineOptions(
         model_path=model_path, role=role, model_dtype=fsdp_config.model_dtype,
         param_dtype=compute_dtype(model_cfg.dtype), attn_implementation=model_cfg.attn_implementation,
         enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing and role != "ref",
+        use_remove_padding=use_remove_padding, use_fused_kernels=use_fused_kernels,
         reshard_after_forward=fsdp_config.reshard_after_forward, param_offload=fsdp_config.param_offload,
         optimizer_offload=fsdp_config.optimizer_offload, seed=seed, optim=optim or OptimOptions()))
 
@@ -184,9 +188,11 @@ def build_components(cfg: EmberConfig) -> RLComponents:
 
     actor_cfg = arr.actor
     actor_updates = optimizer_steps_per_rl_step(cfg, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size)
+    speed_switches = dict(use_remove_padding=arr.model.use_remove_padding,
+                          use_fused_kernels=arr.model.use_fused_kernels)
     actor_engine = build_engine(model_path, "actor", arr.model, actor_cfg.fsdp_config,
                                 optim_options(actor_cfg.optim, actor_cfg.grad_clip, total_steps, actor_updates),
-                                seed=cfg.trainer.seed)
+                                seed=cfg.trainer.seed, **speed_switches)
     batch_samples = cfg.data.train_batch_size * n
     rollout_cfg, ref_cfg = arr.rollout, arr.ref
     actor = Actor(actor_engine, ActorOptions(
@@ -207,7 +213,8 @@ def build_components(cfg: EmberConfig) -> RLComponents:
     reference_micro_batch = micro_batch_spec(ref_cfg.log_prob_use_dynamic_bsz, ref_cfg.log_prob_max_token_len_per_gpu,
                                              ref_cfg.log_prob_micro_batch_size_per_gpu, batch_samples)
     if uses_reference(cfg):
-        reference = build_engine(model_path, "ref", arr.model, arr.ref.fsdp_config, None, seed=cfg.trainer.seed)
+        reference = build_engine(model_path, "ref", arr.model, arr.ref.fsdp_config, None, seed=cfg.trainer.seed,
+                                 **speed_switches)
 
     critic = None
     if uses_critic(cfg):
@@ -215,7 +222,7 @@ def build_components(cfg: EmberConfig) -> RLComponents:
         critic_updates = optimizer_steps_per_rl_step(cfg, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size)
         critic_engine = build_engine(critic_cfg.model.path, "critic", critic_cfg.model, critic_cfg.model.fsdp_config,
                                      optim_options(critic_cfg.optim, critic_cfg.grad_clip, total_steps, critic_updates),
-                                     seed=cfg.trainer.seed)
+                                     seed=cfg.trainer.seed, use_remove_padding=critic_cfg.model.use_remove_padding)
         critic_micro = critic_cfg.ppo_micro_batch_size_per_gpu or critic_cfg.ppo_mini_batch_size * n
         critic = Critic(critic_engine, CriticOptions(
             mini_batch_samples=critic_cfg.ppo_mini_batch_size * n,

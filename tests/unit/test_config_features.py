@@ -23,8 +23,6 @@ def test_defaults_need_nothing_unimplemented():
     (["trainer.noise_injection.enabled=true"], "trainer.noise_injection.enabled=true is not implemented yet"),
     (["nla.enable=true", "nla.train_files=a.parquet"], "nla.enable=true is not implemented yet"),
     (["reward_model.enable=true", "reward_model.model.path=/rm"], "reward_model.enable=true is not implemented yet"),
-    ([f"{A}.model.use_remove_padding=true"], f"{A}.model.use_remove_padding=true is not implemented yet"),
-    ([f"{A}.model.use_fused_kernels=true"], f"{A}.model.use_fused_kernels=true is not implemented yet"),
     ([f"{A}.model.lora_rank=8"], f"{A}.model.lora_rank=8 (LoRA) is not implemented yet; use 0"),
     ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"], "ulysses_sequence_parallel_size=2"),
     ([f"{A}.actor.use_torch_compile=true"], f"{A}.actor.use_torch_compile=true is not implemented yet"),
@@ -52,8 +50,15 @@ def test_dynamic_batch_size_is_implemented(overrides):
     assert unimplemented_features(cfg) == []
 
 
+def test_packing_and_fused_kernels_are_implemented():
+    cfg = load_config([f"{A}.model.use_remove_padding=true", f"{A}.model.use_fused_kernels=true",
+                       "critic.model.use_remove_padding=true", "algorithm.adv_estimator=gae"])
+    assert cfg.actor_rollout_ref.model.use_fused_kernels and cfg.critic.model.use_remove_padding
+    assert unimplemented_features(cfg) == []
+
+
 def test_several_switches_are_listed_together():
-    cfg = load_config([f"{A}.rollout.name=vllm", f"{A}.model.use_fused_kernels=true"])
+    cfg = load_config([f"{A}.rollout.name=vllm", f"{A}.actor.use_torch_compile=true"])
     messages = unimplemented_features(cfg)
     assert len(messages) == 2
     with pytest.raises(NotImplementedFeature, match="not implemented yet:\n  - "):

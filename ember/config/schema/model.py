@@ -1,7 +1,8 @@
 """The policy model shared by actor, reference and rollout (`actor_rollout_ref.model`).
 
-Switches for features ember has not implemented yet default to off here (unlike verl,
-where use_remove_padding is on); `ember/config/features.py` refuses them for a real run.
+Speed switches default to off (use_remove_padding, use_fused_kernels: see
+benchmarks/train_throughput.py for what they buy); switches for features ember has not
+implemented yet are refused for a real run by `ember/config/features.py`.
 """
 
 from dataclasses import dataclass

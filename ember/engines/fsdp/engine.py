@@ -57,6 +57,10 @@ class EngineOptions:
     """Hugging Face attention kernel: "sdpa", "eager", "flash_attention_2", ..."""
     enable_gradient_checkpointing: bool = False
     """Recompute decoder-layer activations in backward to save memory."""
+    use_remove_padding: bool = False
+    """Run each micro-batch on its real tokens only, packed in one row (ember/data/packing.py)."""
+    use_fused_kernels: bool = False
+    """Log-probs and entropy from the last hidden states, chunked, without fp32 logits (actor and ref)."""
     reshard_after_forward: bool = True
     """Free gathered layer weights after forward (re-gather in backward): less memory, more communication."""
     param_offload: bool = False
@@ -71,6 +75,9 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"engine role {self.role!r}: choose one of {ROLES}")
+        if self.use_fused_kernels and self.role == "critic":
+            raise ValueError("use_fused_kernels computes log-probs from the LM head, which a critic has not; "
+                             "set it for the actor and reference only")
         for name in ("model_dtype", "param_dtype", "reduce_dtype"):
             resolve_dtype(getattr(self, name))
 
@@ -104,10 +111,12 @@ class FSDPEngine(TrainEngine):
 
     def _model_output(self, batch: Batch, compute_entropy: bool, temperature: float,
                       entropy_grad: bool = False) -> ModelOutput:
+        packed = self.options.use_remove_padding
         if self.options.role == "critic":
-            return ModelOutput(values=compute_response_values(self.model, batch))
+            return ModelOutput(values=compute_response_values(self.model, batch, packed=packed))
         log_probs, entropy = compute_response_log_probs(self.model, batch, temperature=temperature,
-                                                        compute_entropy=compute_entropy, entropy_grad=entropy_grad)
+                                                        compute_entropy=compute_entropy, entropy_grad=entropy_grad,
+                                                        packed=packed, fused=self.options.use_fused_kernels)
         return ModelOutput(log_probs=log_probs, entropy=entropy)
 
     def forward(self, batch: Batch, micro_batch_size: int | MicroBatchSpec, *, compute_entropy: bool = False,
