@@ -1,39 +1,78 @@
-"""`ember export CKPT OUT`: an RL checkpoint as a Hugging Face model directory.
+"""`ember export CKPT OUT`: a checkpoint of `ember train` or `ember sft` as a Hugging Face model directory.
 
-A checkpoint (`<run_dir>/global_step_N/actor/`) holds sharded weights and optimizer state,
-not a model definition: the architecture comes from the run's resolved configuration
-(`<run_dir>/config.yaml`, written when the run starts), whose `actor_rollout_ref.model.path`
-must still exist. The actor's weights are loaded into a forward-only engine built as the
-run built its actor and written with the run's tokenizer, ready for
-`AutoModelForCausalLM.from_pretrained`.
+Both commands write the trained policy to `<run_dir>/global_step_N/actor/`: sharded weights
+and optimizer state, not a model definition. The architecture comes from the run's resolved
+configuration (`<run_dir>/config.yaml`, written when the run starts), whose base model
+(`actor_rollout_ref.model.path` for RL, `model.partial_pretrain` for SFT) must still exist;
+which of the two commands wrote the run is read from that file's sections. The weights are
+loaded into a forward-only engine built as the run built its own and written with the run's
+tokenizer, ready for `AutoModelForCausalLM.from_pretrained`.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
+from typing import Any
 
-from ember.config import ConfigError, load_config
-from ember.trainer.rl_setup import build_engine, check_model_path, load_tokenizer
+from transformers import PreTrainedTokenizerBase
+
+from ember.config import ConfigError, EmberConfig, SFTConfig, load_config
+from ember.config.yaml_io import read_yaml_file
+from ember.trainer.rl_setup import build_engine, check_model_path
+from ember.trainer.rl_setup import load_tokenizer as load_rl_tokenizer
+from ember.trainer.sft import ENGINE_DIR
+from ember.trainer.sft import load_tokenizer as load_sft_tokenizer
 
 RUN_CONFIG_FILE = "config.yaml"
+
+
+@dataclass(frozen=True)
+class PolicySource:
+    """What rebuilding a run's policy takes, read from the run's configuration."""
+
+    model_path: str  # the base model the run started from (its architecture)
+    model_cfg: Any  # the run's model section (dtype, attention implementation)
+    fsdp_config: Any
+    tokenizer: PreTrainedTokenizerBase
+    seed: int
 
 
 def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
     """Writes the policy of `checkpoint_dir` (a `global_step_N` folder) to `out_dir`; returns `out_dir`."""
     checkpoint_dir = os.path.normpath(checkpoint_dir)
-    actor_dir = os.path.join(checkpoint_dir, "actor")
-    run_dir = os.path.dirname(checkpoint_dir)
-    if not os.path.isdir(actor_dir):
-        raise ConfigError(f"{checkpoint_dir} has no actor/ folder; pass a global_step_N folder written by ember train")
-    if not os.path.isfile(os.path.join(run_dir, RUN_CONFIG_FILE)):
-        raise ConfigError(f"{run_dir} has no {RUN_CONFIG_FILE}; the checkpoint must stay inside the run folder "
-                          "that ember train wrote (it holds the run's configuration)")
-    cfg = load_config([], config_path=run_dir, config_name=os.path.splitext(RUN_CONFIG_FILE)[0])
-    model = cfg.actor_rollout_ref.model
-    check_model_path("actor_rollout_ref.model.path (in the run's config.yaml)", model.path)
+    policy_dir = os.path.join(checkpoint_dir, ENGINE_DIR)
+    if not os.path.isdir(policy_dir):
+        raise ConfigError(f"{checkpoint_dir} has no {ENGINE_DIR}/ folder; pass a global_step_N folder written by "
+                          "ember train or ember sft")
+    source = read_policy_source(os.path.dirname(checkpoint_dir))
     # "ref": weights only; the optimizer state in the checkpoint is not needed to export.
-    engine = build_engine(model.path, "ref", model, cfg.actor_rollout_ref.actor.fsdp_config, None,
-                          seed=cfg.trainer.seed)
-    engine.load(actor_dir)
-    engine.export_hf(out_dir, tokenizer=load_tokenizer(cfg))
+    engine = build_engine(source.model_path, "ref", source.model_cfg, source.fsdp_config, None, seed=source.seed)
+    engine.load(policy_dir)
+    engine.export_hf(out_dir, tokenizer=source.tokenizer)
     return out_dir
+
+
+def read_policy_source(run_dir: str) -> PolicySource:
+    """The policy's base model, settings and tokenizer from `run_dir/config.yaml` of an RL or SFT run."""
+    path = os.path.join(run_dir, RUN_CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise ConfigError(f"{run_dir} has no {RUN_CONFIG_FILE}; the checkpoint must stay inside the run folder "
+                          "that ember train or ember sft wrote (it holds the run's configuration)")
+    sections = read_yaml_file(path)
+    sections = sections if isinstance(sections, dict) else {}
+    config_dir, config_name = run_dir, os.path.splitext(RUN_CONFIG_FILE)[0]
+    if "actor_rollout_ref" in sections:
+        cfg = load_config([], config_path=config_dir, config_name=config_name, schema=EmberConfig)
+        model = cfg.actor_rollout_ref.model
+        check_model_path(f"actor_rollout_ref.model.path (in {path})", model.path)
+        return PolicySource(model.path, model, cfg.actor_rollout_ref.actor.fsdp_config, load_rl_tokenizer(cfg),
+                            cfg.trainer.seed)
+    if "partial_pretrain" in (sections.get("model") or {}):
+        cfg = load_config([], config_path=config_dir, config_name=config_name, schema=SFTConfig)
+        check_model_path(f"model.partial_pretrain (in {path})", cfg.model.partial_pretrain)
+        return PolicySource(cfg.model.partial_pretrain, cfg.model, cfg.model.fsdp_config, load_sft_tokenizer(cfg),
+                            cfg.trainer.seed)
+    raise ConfigError(f"{path} is the configuration of neither an ember train run (no actor_rollout_ref section) "
+                      "nor an ember sft run (no model.partial_pretrain); pass a global_step_N folder inside the run "
+                      "folder of one of them")

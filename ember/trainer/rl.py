@@ -5,7 +5,8 @@ response per prompt, its baseline) → old log-probs (skipped when one update pe
 them equal to the current ones) → reference log-probs → values → advantages → critic update
 → actor update (after `critic_warmup` steps) → metrics. Validation before training and every
 `test_freq` steps, checkpoints every `save_freq` steps, a final HF export and a plot of the
-curves.
+curves. With `trainer.balance_batch` the scored batch is reordered so that each data-parallel
+rank's contiguous share holds about as many tokens as the others (`balance.py`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from ember.config import config_to_yaml
 from ember.config.schema import EmberConfig
 from ember.distributed.device import rank
 from ember.rollout import SamplingParams
+from ember.trainer.balance import balance_batch
 from ember.trainer.checkpoint import CheckpointManager
 from ember.trainer.experience import generate_experience, score_experience, token_level_scores
 from ember.trainer.faults import NonFiniteGuard, StopRequest
@@ -101,6 +103,12 @@ class RLTrainer:
             if cfg.algorithm.adv_estimator == "remax":
                 with timed(timings, "gen_max"):
                     reward_baselines = self.greedy_reward_baselines(prompts)
+            balance_metrics = {}
+            if cfg.trainer.balance_batch:
+                balanced = balance_batch(batch, parts.actor.engine.dp_size)
+                batch, balance_metrics = balanced.batch, balanced.metrics
+                if reward_baselines is not None:  # one per sample: follows the new order
+                    reward_baselines = reward_baselines[balanced.permutation]
             if parts.actor.needs_old_log_probs(len(batch)):
                 with timed(timings, "old_log_prob"):
                     batch.old_log_probs = parts.actor.compute_log_probs(batch)
@@ -122,6 +130,7 @@ class RLTrainer:
                     self.actor_version += 1
             self.guard.record(metrics.get("actor/skipped", 0.0) > 0 or metrics.get("critic/skipped", 0.0) > 0)
         metrics.update(scored.metrics)
+        metrics.update(balance_metrics)
         metrics["critic/acc/mean"] = scored.accuracies.mean().item()
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, parts.critic is not None))
         metrics.update(compute_timing_metrics(timings, batch))
@@ -179,7 +188,7 @@ class RLTrainer:
         sampling = validation_sampling(cfg.actor_rollout_ref.rollout.val_kwargs, cfg.data.max_response_length,
                                        parts.eos_token_ids, seed=cfg.actor_rollout_ref.rollout.seed)
         metrics, experiences = validate(self.rollout(), parts.val_dataset, parts.reward_manager, parts.tokenizer,
-                                        sampling, parts.eos_token_ids)
+                                        sampling, parts.eos_token_ids, batch_size=cfg.data.val_batch_size)
         self.validation_history.append((self.step, metrics))
         shown = cfg.trainer.log_val_generations
         if shown and rank() == 0:

@@ -14,6 +14,7 @@ launch decides the world size: torchrun's process counts fill `trainer.nnodes` a
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import logging
 import os
@@ -33,6 +34,8 @@ from ember.data.sft_dataset import SFTDataset, SFTExample
 from ember.distributed.device import current_device, init_distributed, rank, world_size
 from ember.engines.optim import OptimOptions
 from ember.trainer.checkpoint import CheckpointManager
+from ember.trainer.command_line import (OVERRIDE_HELP, RunPlan, add_config_arguments, config_overrides, exit_status,
+                                        run_configured)
 from ember.trainer.faults import NonFiniteGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.plot import plot_curves
@@ -57,7 +60,8 @@ class SFTTrainer:
         self.val_dataset = build_dataset(cfg.data.val_files, self.tokenizer, cfg) if cfg.data.val_files else None
         self.total_steps = cfg.trainer.total_training_steps or len(self.train_loader) * cfg.trainer.total_epochs
         self.engine = build_engine(cfg.model.partial_pretrain, "actor", cfg.model, cfg.model.fsdp_config,
-                                   sft_optim_options(cfg.optim, self.total_steps), seed=cfg.trainer.seed)
+                                   sft_optim_options(cfg.optim, self.total_steps), seed=cfg.trainer.seed,
+                                   use_remove_padding=cfg.use_remove_padding)
         self.rank, self.dp_size = rank(), world_size()
         self.step = 0
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_ckpt_to_keep, is_writer=self.rank == 0)
@@ -247,9 +251,13 @@ def main(argv: list[str] | None = None) -> int:
     """`[torchrun ...] python -m ember.trainer.sft [--config-path DIR --config-name NAME] key=value ...`,
     parsed as `ember sft` parses them, with torchrun's counts as trainer.nnodes and trainer.n_gpus_per_node
     (a command-line value that contradicts them stops the run with an error)."""
-    from ember.cli import main as ember_main
-
-    return ember_main(["sft", *launched_world_overrides(), *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog="python -m ember.trainer.sft", allow_abbrev=False, epilog=OVERRIDE_HELP,
+                                     description="supervised fine-tuning (as `ember sft`), one process per GPU under torchrun",
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_arguments(parser)
+    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    overrides = [*launched_world_overrides(), *config_overrides(parser, args, extra)]
+    return exit_status(lambda: run_configured(args, overrides, SFTConfig, lambda cfg: RunPlan(run_sft)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,96 @@
+"""The command line of a configured run, shared by `ember train` / `ember sft` (`ember/cli.py`)
+and `torchrun -m ember.trainer.sft`: `--config-path/--config-name`, key=value overrides,
+`--print-config`, `--describe`, and exit status 2 for an error the user must fix.
+
+The one thing to know: this module imports only the config package (the data layer only once
+an error is raised, to name its error type), and the trainers reach it as functions passed in,
+so `ember --help` stays fast and no trainer module imports `ember/cli.py`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ember.config import ConfigError, check_implemented, config_to_yaml, load_config
+from ember.config.describe import describe_keys
+
+OVERRIDE_HELP = """\
+overrides (Hydra grammar, as in verl run scripts):
+  key=value           set a known key, e.g. actor_rollout_ref.rollout.n=8
+  +key=value          add a key under a free-form mapping, e.g.
+                      +actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1
+  ++key=value         set or add
+  ~key                delete a free-form key, or reset a key to its default
+Values are YAML: trainer.logger=['console','tensorboard'], null, 1e-6, true, 'quoted'.
+Overrides apply after --config-name's file, in order; a repeated key keeps its last value.
+
+--print-config prints the resolved configuration as YAML and runs nothing;
+--describe [PREFIX] lists the keys under PREFIX with their defaults and descriptions.
+"""
+
+
+def add_config_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options and positional overrides of a configured command (its --help ends with OVERRIDE_HELP)."""
+    parser.add_argument("--config-path", "-cp", metavar="DIR", help="folder holding the config file (default: current folder)")
+    parser.add_argument("--config-name", "-cn", metavar="NAME", help="config file inside --config-path, may contain slashes; .yaml optional")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved configuration as YAML and exit")
+    parser.add_argument("--describe", nargs="?", const="", metavar="PREFIX", help="list configuration keys under PREFIX and exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="configuration overrides (see below)")
+
+
+def config_overrides(parser: argparse.ArgumentParser, args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """All overrides of a `parse_known_args` result: argparse leaves those after an option in `extra`.
+    Anything else in `extra` that looks like an option is an argparse error (exit 2)."""
+    unknown_options = [item for item in extra if item.startswith("-")]
+    if unknown_options:
+        parser.error(f"unrecognized options: {' '.join(unknown_options)} (overrides are written key=value)")
+    return args.overrides + extra
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a configured command does with its loaded configuration."""
+
+    run: Callable[[Any], int]  # the run itself; returns the exit status
+    presets: list[str] = field(default_factory=list)  # overrides placed under the user's (the built-in demo's)
+
+
+def run_configured(args: argparse.Namespace, overrides: list[str], schema: type,
+                   plan: Callable[[Any], RunPlan]) -> int:
+    """`--describe` or `--print-config` print and return 0; otherwise `plan(cfg).run` on the loaded
+    configuration (reloaded with the plan's presets under `overrides`) once the feature check passed."""
+    if args.describe is not None:
+        print(describe_keys(schema, args.describe), end="")
+        return 0
+    cfg = load_config(overrides, config_path=args.config_path, config_name=args.config_name, schema=schema)
+    chosen = plan(cfg)
+    if chosen.presets:
+        cfg = load_config(chosen.presets + overrides, config_path=args.config_path, config_name=args.config_name,
+                          schema=schema)
+    if args.print_config:
+        print(config_to_yaml(cfg), end="")
+        return 0
+    check_implemented(cfg)
+    return chosen.run(cfg)
+
+
+def exit_status(command: Callable[[], int]) -> int:
+    """`command()`'s status, or 2 after printing `error: <message>` for an error whose message
+    tells the user what to change (a ConfigError, or a DatasetError naming a file, row or column)."""
+    try:
+        return command()
+    except _user_errors() as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+
+def _user_errors() -> tuple[type[Exception], ...]:
+    """Evaluated only once an error is raised, so that the data layer (pyarrow) is imported by
+    the commands that read data, not by --help."""
+    from ember.data.parquet import DatasetError
+
+    return ConfigError, DatasetError
