@@ -55,7 +55,7 @@ RL_UNIMPLEMENTED: list[Row] = [
     (lambda cfg: cfg.critic.enable and cfg.critic.strategy == "megatron",
      lambda cfg: "critic.strategy=megatron is not implemented yet; use fsdp"),
     (lambda cfg: cfg.actor_rollout_ref.rollout.name in ("vllm", "sglang"),
-     lambda cfg: f"{_A}.rollout.name={cfg.actor_rollout_ref.rollout.name} is not available in ember yet; use hf"),
+     lambda cfg: f"{_A}.rollout.name={cfg.actor_rollout_ref.rollout.name} is not available in ember yet; use ember (its own engine) or hf"),
     _flag("trainer.noise_injection.enabled"),
     _flag("nla.enable"),
     _flag("reward_model.enable"),

@@ -18,7 +18,6 @@ BUILTIN_DEMO_OVERRIDES = [
     "data.train_batch_size=32",
     "data.max_prompt_length=64",
     "data.max_response_length=40",
-    "actor_rollout_ref.rollout.name=hf",
     "actor_rollout_ref.rollout.n=8",
     "actor_rollout_ref.actor.ppo_mini_batch_size=32",
     "actor_rollout_ref.actor.optim.lr=3e-5",

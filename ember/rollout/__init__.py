@@ -43,7 +43,7 @@ def build_rollout(
     if name in _EXTERNAL_ENGINES:
         raise ValueError(
             f"actor_rollout_ref.rollout.name={name}: {name} is not available in ember; "
-            "use actor_rollout_ref.rollout.name=hf"
+            "use actor_rollout_ref.rollout.name=ember (ember's own engine) or hf"
         )
     raise ValueError(
         f"actor_rollout_ref.rollout.name={name} is not a rollout engine; choose one of: hf, ember"

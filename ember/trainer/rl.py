@@ -54,6 +54,7 @@ class RLTrainer:
         self.validation_history: list[tuple[int, dict[str, float]]] = []
         self.actor_version = 0  # actor updates made by this process; the rollout holds version `synced_version`
         self.synced_version: int | None = None
+        self.rollout_asleep = False  # the rollout's KV cache is freed for training (rollout.free_cache_engine)
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -103,6 +104,7 @@ class RLTrainer:
             if cfg.algorithm.adv_estimator == "remax":
                 with timed(timings, "gen_max"):
                     reward_baselines = self.greedy_reward_baselines(prompts)
+            self.sleep_rollout()
             balance_metrics = {}
             if cfg.trainer.balance_batch:
                 balanced = balance_batch(batch, parts.actor.engine.dp_size)
@@ -165,14 +167,23 @@ class RLTrainer:
         return metrics
 
     def rollout(self):
-        """The rollout engine, holding the actor's current weights: an engine with its own copy
-        is sent them (streamed in buckets) when the actor has changed since the last sync."""
+        """The rollout engine, awake and holding the actor's current weights: an engine with its
+        own copy is sent them (streamed in buckets) when the actor has changed since the last sync."""
         rollout = self.parts.rollout
+        if self.rollout_asleep:
+            rollout.wake()
+            self.rollout_asleep = False
         if not rollout.shares_training_weights and self.synced_version != self.actor_version:
             for bucket in self.parts.actor.engine.named_parameters_for_sync():
                 rollout.update_weights(bucket)
             self.synced_version = self.actor_version
         return rollout
+
+    def sleep_rollout(self) -> None:
+        """With rollout.free_cache_engine, hand the rollout's KV cache back for training until the next `rollout()`."""
+        if self.cfg.actor_rollout_ref.rollout.free_cache_engine and not self.rollout_asleep:
+            self.parts.rollout.sleep()
+            self.rollout_asleep = True
 
     def sampling(self) -> SamplingParams:
         rollout = self.cfg.actor_rollout_ref.rollout
@@ -189,6 +200,7 @@ class RLTrainer:
                                        parts.eos_token_ids, seed=cfg.actor_rollout_ref.rollout.seed)
         metrics, experiences = validate(self.rollout(), parts.val_dataset, parts.reward_manager, parts.tokenizer,
                                         sampling, parts.eos_token_ids, batch_size=cfg.data.val_batch_size)
+        self.sleep_rollout()
         self.validation_history.append((self.step, metrics))
         shown = cfg.trainer.log_val_generations
         if shown and rank() == 0:

@@ -168,7 +168,8 @@ def engine_config(rollout) -> EngineConfig:
     return EngineConfig(max_model_len=max_model_len, max_num_seqs=rollout.max_num_seqs,
                         max_num_batched_tokens=max(rollout.max_num_batched_tokens, max_model_len),
                         gpu_memory_utilization=rollout.gpu_memory_utilization,
-                        dtype=resolve_dtype(compute_dtype(rollout.dtype)), device=str(current_device()))
+                        dtype=resolve_dtype(compute_dtype(rollout.dtype)), device=str(current_device()),
+                        use_cuda_graphs=not rollout.enforce_eager)
 
 
 def total_training_steps(cfg: EmberConfig, steps_per_epoch: int) -> int:

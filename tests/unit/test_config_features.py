@@ -18,7 +18,7 @@ def test_defaults_need_nothing_unimplemented():
     ([f"{A}.actor.strategy=megatron", "algorithm.adv_estimator=grpo"], f"{A}.actor.strategy=megatron is not implemented yet"),
     ([f"{A}.actor.strategy=megatron"], "critic.strategy=megatron is not implemented yet"),
     ([f"{A}.ref.strategy=megatron", f"{A}.actor.use_kl_loss=true"], f"{A}.ref.strategy=megatron is not implemented yet"),
-    ([f"{A}.rollout.name=vllm"], f"{A}.rollout.name=vllm is not available in ember yet; use hf"),
+    ([f"{A}.rollout.name=vllm"], f"{A}.rollout.name=vllm is not available in ember yet; use ember"),
     ([f"{A}.rollout.name=sglang"], f"{A}.rollout.name=sglang is not available in ember yet"),
     (["trainer.noise_injection.enabled=true"], "trainer.noise_injection.enabled=true is not implemented yet"),
     (["nla.enable=true", "nla.train_files=a.parquet"], "nla.enable=true is not implemented yet"),

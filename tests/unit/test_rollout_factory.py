@@ -28,7 +28,7 @@ def test_ember_needs_its_model_path_and_engine_config(model):
 
 @pytest.mark.parametrize("name", ["vllm", "sglang"])
 def test_external_engines_are_refused_with_the_alternative(model, name):
-    with pytest.raises(ValueError, match=f"{name} is not available in ember; use actor_rollout_ref.rollout.name=hf"):
+    with pytest.raises(ValueError, match=f"{name} is not available in ember; use actor_rollout_ref.rollout.name=ember"):
         build_rollout(name, model, pad_token_id=0)
 
 

@@ -30,7 +30,9 @@ class ValidationSamplingConfig:
 class RolloutConfig:
     """Generation engine and sampling for training rollouts."""
 
-    name: RolloutName = field_("hf", "generation engine: hf (transformers generate), ember (ember's own engine, first version), vllm, sglang")
+    name: RolloutName = field_(
+        "ember", "generation engine: ember (ember's own: paged KV cache, continuous batching, CUDA graphs), "
+        "hf (transformers generate on the actor's module, the reference), vllm, sglang (not available)")
     mode: Literal["sync", "async"] = field_(
         "sync", "sync generates a whole batch at once; async serves requests from agent loops")
     temperature: float = field_(1.0, "sampling temperature")
@@ -41,7 +43,7 @@ class RolloutConfig:
     dtype: RolloutDType = field_("auto", "dtype of the generation weights; auto = bfloat16 on GPU, float32 on CPU")
     gpu_memory_utilization: float = field_(0.5, "fraction of GPU memory the engine may use for weights and KV cache")
     ignore_eos: bool = field_(False, "keep generating after the end-of-sequence token until response_length")
-    enforce_eager: bool = field_(True, "run the model eagerly; false = capture CUDA graphs for decoding")
+    enforce_eager: bool = field_(False, "run decode steps eagerly; false = replay them as captured CUDA graphs (GPU)")
     free_cache_engine: bool = field_(True, "release the KV cache between rollouts so training can use the memory")
     tensor_model_parallel_size: int = field_(1, "GPUs one engine instance spans (tensor parallel)")
     data_parallel_size: int = field_(
