@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--hf-rows", type=int, nargs="*", default=None,
                         help="batch sizes to also run transformers generate at (default: all of --rows)")
     parser.add_argument("--eager", action="store_true", help="ember without CUDA graphs")
-    parser.add_argument("--decode-window", type=int, default=8)
+    parser.add_argument("--decode-window", type=int, default=EngineConfig.decode_window)
     args = parser.parse_args()
     hf_rows = args.rows if args.hf_rows is None else args.hf_rows
     tokenizer = train_tiny_tokenizer()

@@ -33,7 +33,7 @@ class EngineConfig:
     """Dtype of the weights and the KV cache."""
     device: str = "cpu"
     """Device the model and the KV cache live on ("cpu", "cuda", "cuda:1", ...)."""
-    decode_window: int = 8
+    decode_window: int = 16
     """Decode steps run on the device between two scheduling rounds (a finished slot is refilled after the window)."""
     use_cuda_graphs: bool = True
     """On CUDA, replay each decode step as a captured graph (rollout.enforce_eager=false); ignored elsewhere."""

@@ -66,8 +66,10 @@ class DecodeRunner:
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
 
     def drop_graphs(self) -> None:
-        """Forget the captured graphs (they point at the KV cache: call when it is freed)."""
+        """Forget the captured graphs (they point at the KV cache: call when it is freed) and their memory pool."""
         self.graphs.clear()
+        if self.use_cuda_graphs:  # a pool dies with its last graph: later captures need a new one
+            self.graph_pool = torch.cuda.graph_pool_handle()
 
     @torch.inference_mode()
     def run(self, sequences: list[Sequence], steps: int, sampling: SamplingParams) -> tuple[list[list[int]], list[list[float]]]:

@@ -103,3 +103,16 @@ def test_bf16_rollout_log_probs_match_a_training_forward():
     k3 = float((torch.exp(delta) - 1 - delta).mean())
     print(f"bf16 rollout vs training forward: mean |dlogp| {delta.abs().mean():.2e}, k3 {k3:.2e}")
     assert k3 < 1e-3
+
+
+def test_generation_after_sleep_and_wake_recaptures_its_graphs():
+    model = model_of(torch.bfloat16)
+    engine = engine_for(model, torch.bfloat16)
+    sampling = SamplingParams(do_sample=False, max_new_tokens=32, ignore_eos=True)
+    before = [s.generated_token_ids for s in engine.generate(PROMPTS, sampling)]
+    for _ in range(2):
+        engine.free_kv_cache()
+        assert not engine.decoder.graphs
+        engine.allocate_kv_cache()
+        assert [s.generated_token_ids for s in engine.generate(PROMPTS, sampling)] == before
+    assert engine.decoder.graphs
