@@ -43,6 +43,13 @@ class PackedBatch:
     """[N] the response token that each of those positions predicts."""
     response_slots: Tensor
     """[b, R] bool: where the N predictions belong in response layout, in row-major order."""
+    max_length: int
+    """Tokens of the longest sample."""
+
+    def attention_kwargs(self) -> dict:
+        """The sequence boundaries as transformers' variable-length attention keywords (cu_seq_lens_q, ...)."""
+        return dict(cu_seq_lens_q=self.cu_seqlens, cu_seq_lens_k=self.cu_seqlens,
+                    max_length_q=self.max_length, max_length_k=self.max_length)
 
     def unpack(self, values: Tensor) -> Tensor:
         """[N] (or [1, N]) per-prediction values → [b, R], zero where no response token is predicted.
@@ -75,4 +82,5 @@ def pack_batch(batch: Batch) -> PackedBatch:
         prediction_index=packed_position[:, predicting][response_slots],
         targets=batch.responses[response_slots],
         response_slots=response_slots,
+        max_length=int(lengths.max()),
     )

@@ -44,7 +44,8 @@ def compute_response_log_probs(model: nn.Module, batch: Batch, *, temperature: f
                          "(use 1.0 for greedy rollouts)")
     if packed:
         packing = pack_batch(batch)
-        inputs = dict(input_ids=packing.input_ids, attention_mask=None, position_ids=packing.position_ids)
+        inputs = dict(input_ids=packing.input_ids, attention_mask=None, position_ids=packing.position_ids,
+                      **packing.attention_kwargs())
         keep, targets = packing.prediction_index, packing.targets.unsqueeze(0)
     else:
         positions = batch.response_prediction_positions

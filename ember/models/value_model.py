@@ -39,7 +39,7 @@ def compute_response_values(model: nn.Module, batch: Batch, *, packed: bool = Fa
     if packed:
         packing = pack_batch(batch)
         output = model(input_ids=packing.input_ids, attention_mask=None, position_ids=packing.position_ids,
-                       use_cache=False)
+                       use_cache=False, **packing.attention_kwargs())
         values = packing.unpack(output.logits[0, packing.prediction_index, 0].float())
     else:
         output = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,

@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 from fsdp_engine_worker import GRADIENT_REVEALING_OPTIM, engine_options, full_weights, make_model_dir
-from packed_worker import SAMPLES, log_prob_and_entropy_loss, make_samples, train_once
+from packed_worker import SAMPLES, make_samples, train_once
 from rl_helpers import all_finite, metrics_by_step, run_overrides, train
 from transformers import AutoModelForCausalLM
 

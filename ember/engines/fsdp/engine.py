@@ -33,6 +33,7 @@ from ember.engines.fsdp.offload import CPU, move_optimizer_state, move_parameter
 from ember.engines.log_probs import compute_response_log_probs
 from ember.engines.micro_batches import min_micro_batch_count, plan_micro_batches, trim_columns, used_extents
 from ember.engines.optim import OptimOptions, build_lr_scheduler, build_optimizer
+from ember.engines.varlen_attention import packed_attention_implementation
 from ember.models.loading import resolve_dtype
 from ember.models.value_model import compute_response_values
 
@@ -100,7 +101,8 @@ class FSDPEngine(TrainEngine):
         self.model = build_sharded_model(
             options.model_path, mesh, self.device, value_head=options.role == "critic",
             model_dtype=options.model_dtype, param_dtype=options.param_dtype, reduce_dtype=options.reduce_dtype,
-            attn_implementation=options.attn_implementation,
+            attn_implementation=packed_attention_implementation(
+                options.attn_implementation, options.use_remove_padding, self.device, resolve_dtype(options.param_dtype)),
             gradient_checkpointing=options.enable_gradient_checkpointing,
             # At world size 1 resharding frees nothing worth re-gathering for in backward.
             reshard_after_forward=options.reshard_after_forward and self.dp_size > 1)

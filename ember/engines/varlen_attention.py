@@ -1,0 +1,108 @@
+"""Variable-length attention for packed micro-batches: "ember_varlen", a transformers attention function.
+
+A packed micro-batch (`ember/data/packing.py`) is one row of many sequences. transformers'
+own sdpa path keeps attention inside each sequence with an explicit block-diagonal mask,
+which rules out the flash kernel and builds a [T, T] mask. "ember_varlen" instead calls
+PyTorch's flash-attention varlen kernel (`torch.nn.attention.varlen`) with the packed
+batch's cumulative sequence lengths, which `compute_response_log_probs` and
+`compute_response_values` pass as `cu_seq_lens_q` / `max_length_q` (transformers hands
+such keyword arguments down to every attention call). A call without them (a padded
+forward, or `generate` on the same module) runs transformers' sdpa with its mask, so the
+module stays correct for any input.
+
+`packed_attention_implementation` picks it for CUDA engines that pack, where the kernel exists.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+
+import torch
+from torch import Tensor, nn
+
+NAME = "ember_varlen"
+
+
+def varlen_available() -> bool:
+    """Whether PyTorch ships the flash-attention varlen kernel and a CUDA device is present."""
+    try:
+        return importlib.util.find_spec("torch.nn.attention.varlen") is not None and torch.cuda.is_available()
+    except ModuleNotFoundError:
+        return False
+
+
+def packed_attention_implementation(configured: str, use_remove_padding: bool, device: torch.device,
+                                    compute_dtype: torch.dtype) -> str:
+    """The attention implementation an engine loads its model with: "ember_varlen" for packed sdpa on CUDA
+    in a half-precision compute dtype (the flash kernel has no float32)."""
+    half = compute_dtype in (torch.bfloat16, torch.float16)
+    if use_remove_padding and configured == "sdpa" and half and device.type == "cuda" and varlen_available():
+        register()
+        return NAME
+    return configured
+
+
+def register() -> None:
+    """Make "ember_varlen" known to transformers (attention function and mask builder); idempotent."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(NAME, varlen_attention_forward)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, _mask_for_padded_inputs)
+
+
+def _mask_for_padded_inputs(*args, attention_mask: Tensor | None = None, **kwargs):
+    """sdpa's mask where the input has padding; none for packed rows (the varlen kernel needs no mask)."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is None:
+        return None
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def varlen_attention_forward(
+    module: nn.Module,
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    attention_mask: Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    cu_seq_lens_q: Tensor | None = None,
+    max_length_q: int | None = None,
+    **kwargs,
+) -> tuple[Tensor, None]:
+    """(1, heads, T, dim) packed queries/keys/values → (1, T, heads, dim), each sequence attending causally to itself."""
+    if cu_seq_lens_q is None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      sliding_window=sliding_window, **kwargs)
+    from torch.nn.attention.varlen import varlen_attn
+
+    queries, keys, values = (states[0].transpose(0, 1) for states in (query, key, value))  # (T, heads, dim)
+    groups = queries.shape[1] // keys.shape[1]
+    if groups > 1:
+        keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
+    cu = cu_seq_lens_q.to(device=queries.device, dtype=torch.int32)
+    output = varlen_attn(queries, keys, values, cu, cu, max_length_q, max_length_q, **_causal_arguments(
+        scaling, sliding_window))
+    return output.unsqueeze(0), None
+
+
+def _causal_arguments(scale: float | None, sliding_window: int | None) -> dict:
+    """Causal (and windowed) masking in the form this PyTorch's varlen_attn takes."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    parameters = inspect.signature(varlen_attn).parameters
+    arguments = {"scale": scale} if "scale" in parameters else {}
+    if "window_size" in parameters:
+        arguments["window_size"] = (sliding_window - 1 if sliding_window else -1, 0)
+    else:
+        if sliding_window:
+            raise NotImplementedError("this PyTorch's varlen attention has no sliding window: "
+                                      "set attn_implementation=sdpa")
+        arguments["is_causal"] = True
+    return arguments
