@@ -7,7 +7,7 @@ compute on an accelerator (fp32 on CPU), gradient checkpointing, AdamW as the en
 ids, lengths uniform in [`--min-length`, `--max-length`], the loss on the second half of each
 sequence, and accumulates gradients over micro-batches of `--micro-batch` examples.
 
-Three modes run one after the other, each on a fresh engine, on the same batches:
+Four modes run one after the other, each on a fresh engine, on the same batches:
 
 - `padded`: `ember.trainer.sft_step.sft_update`, exactly as `ember sft` calls it. The batch is
   padded to its longest example and `Batch.split` keeps that width, so every micro-batch pays
@@ -18,6 +18,8 @@ Three modes run one after the other, each on a fresh engine, on the same batches
   computes. Sorting alone would gain nothing, since the engine never narrows a micro-batch.
 - `packed`: `use_remove_padding=True` (`training.use_rmpad`), as `ember sft` runs with it: each
   micro-batch's real tokens in one row with positions restarting per example, no padding at all.
+- `packed, 16384-token micro-batches`: packing with `data.use_dynamic_bsz=True
+  data.max_token_len_per_gpu=16384`: micro-batches formed by a token budget.
 
 tokens/s counts real (non-pad) tokens and target tokens/s the tokens under the loss, each over
 all timed steps; the step time is the median of `--steps` steps after `--warmup`, device
@@ -49,6 +51,7 @@ from transformers import AutoTokenizer
 from ember.data.batch import RESPONSE, SEQUENCE, Batch
 from ember.data.sft_dataset import SFTExample
 from ember.distributed.device import synchronize
+from ember.engines.base import MicroBatchSpec
 from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
 from ember.engines.optim import OptimOptions
 from ember.models.tiny import train_tiny_tokenizer
@@ -182,9 +185,18 @@ def update_length_sorted(engine: FSDPEngine, examples: list[SFTExample], pad_tok
     return engine.train_mini_batch(batch, sft_loss, micro_batch)
 
 
+def update_token_budget(engine: FSDPEngine, examples: list[SFTExample], pad_token_id: int,
+                        micro_batch: int) -> dict[str, float]:
+    """`sft_update` with micro-batches of TOKEN_BUDGET tokens (`data.use_dynamic_bsz`) instead of a count."""
+    return sft_update(engine, examples, pad_token_id, MicroBatchSpec(max_token_len=TOKEN_BUDGET))
+
+
+TOKEN_BUDGET = 16384
 MODES = (Mode("padded", sft_update, order=list, trimmed=False),
          Mode("length-sorted", update_length_sorted, order=sort_by_length, trimmed=True),
-         Mode("packed", sft_update, order=list, trimmed=False, packed=True))
+         Mode("packed", sft_update, order=list, trimmed=False, packed=True),
+         Mode(f"packed, {TOKEN_BUDGET}-token micro-batches", update_token_budget, order=list, trimmed=False,
+              packed=True))
 
 
 def run_mode(mode: Mode, engine: FSDPEngine, batches: list[list[SFTExample]], pad_token_id: int,

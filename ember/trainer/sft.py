@@ -32,6 +32,7 @@ from ember.config.schema.sft import SFTOptimConfig
 from ember.data.prompt_loader import PromptLoader
 from ember.data.sft_dataset import SFTDataset, SFTExample
 from ember.distributed.device import current_device, init_distributed, rank, world_size
+from ember.engines.base import MicroBatchSpec
 from ember.engines.optim import OptimOptions
 from ember.trainer.checkpoint import CheckpointManager
 from ember.trainer.command_line import (OVERRIDE_HELP, RunPlan, add_config_arguments, config_overrides, exit_status,
@@ -100,8 +101,11 @@ class SFTTrainer:
     def train_step(self, examples: list[SFTExample]) -> dict[str, float]:
         """One optimizer step on this rank's block of the global batch `examples`."""
         start = time.perf_counter()
+        data = self.cfg.data
+        micro_batches = (MicroBatchSpec(max_token_len=data.max_token_len_per_gpu) if data.use_dynamic_bsz
+                         else data.micro_batch_size_per_gpu)
         update = sft_update(self.engine, rank_share(examples, self.rank, self.dp_size),
-                            self.tokenizer.pad_token_id, self.cfg.data.micro_batch_size_per_gpu)
+                            self.tokenizer.pad_token_id, micro_batches)
         seconds = time.perf_counter() - start
         self.guard.record(update["skipped"] > 0)
         tokens = sum(len(example.input_ids) for example in examples)

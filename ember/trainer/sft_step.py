@@ -10,7 +10,7 @@ import torch
 
 from ember.data.batch import Batch
 from ember.data.sft_dataset import SFTExample
-from ember.engines.base import LossContext, ModelOutput, TrainEngine
+from ember.engines.base import LossContext, MicroBatchSpec, ModelOutput, TrainEngine
 
 EVAL_MICRO_BATCHES_PER_FORWARD = 8  # evaluation pads this many micro-batches together per forward call
 
@@ -39,7 +39,8 @@ def sft_loss(output: ModelOutput, batch: Batch, context: LossContext) -> tuple[t
     return loss, {}
 
 
-def sft_update(engine: TrainEngine, examples: list[SFTExample], pad_token_id: int, micro_batch_size: int) -> dict[str, float]:
+def sft_update(engine: TrainEngine, examples: list[SFTExample], pad_token_id: int,
+               micro_batch_size: int | MicroBatchSpec) -> dict[str, float]:
     """One optimizer step; metrics `loss` (mean NLL per target token), `grad_norm`, `lr`."""
     return engine.train_mini_batch(sft_batch(examples, pad_token_id), sft_loss, micro_batch_size)
 

@@ -196,9 +196,10 @@ def test_rl_run_with_packing_and_fused_kernels(inputs, tmp_path):
         assert metrics[step]["actor/grad_norm"] > 0 and metrics[step]["critic/grad_norm"] > 0
 
 
-def test_sft_use_rmpad_packs_and_gives_the_padded_loss(tmp_path):
-    """`training.use_rmpad` (the Megatron-style dialect's name) turns packing on for SFT; the
-    first step's loss is the padded one."""
+def test_sft_use_rmpad_and_token_budget_give_the_padded_step(tmp_path):
+    """`training.use_rmpad` (the Megatron-style dialect's name) turns packing on for SFT and
+    `data.use_dynamic_bsz` forms micro-batches by tokens; the first step's loss and gradient
+    norm are the padded, fixed-size ones."""
     from fixtures import make_tiny_model_dir
 
     from ember.data.parquet import write_parquet
@@ -207,15 +208,21 @@ def test_sft_use_rmpad_packs_and_gives_the_padded_loss(tmp_path):
 
     rows = [sft_row_from_rl_row(row) for row in make_arithmetic_rows("add2", 8, seed=0)]
     model_dir, train_file = make_tiny_model_dir(tmp_path), write_parquet(rows, tmp_path / "train.parquet")
-    losses = {}
-    for packed in (False, True):
+    results = {}
+    for packed, dynamic in ((False, False), (True, False), (True, True), (False, True)):
         cfg = load_config(["data.multiturn.enable=true", f"data.train_files={train_file}", "data.max_length=64",
                            "data.train_batch_size=8", "data.micro_batch_size_per_gpu=4",
-                           f"model.partial_pretrain={model_dir}", f"trainer.default_local_dir={tmp_path / str(packed)}",
+                           f"data.use_dynamic_bsz={dynamic}", "data.max_token_len_per_gpu=64",
+                           f"model.partial_pretrain={model_dir}",
+                           f"trainer.default_local_dir={tmp_path / f'{packed}-{dynamic}'}",
                            f"training.use_rmpad={str(packed).lower()}"], schema=SFTConfig)
         trainer = SFTTrainer(cfg)
         assert trainer.engine.options.use_remove_padding is packed
         examples = [trainer.train_loader.dataset[i] for i in range(8)]
-        losses[packed] = trainer.train_step(examples)["train/loss"]
+        step = trainer.train_step(examples)
+        results[packed, dynamic] = (step["train/loss"], step["train/grad_norm"])
         trainer.logger.close()
-    assert losses[True] == pytest.approx(losses[False], abs=1e-6)
+    reference = results[False, False]
+    for key, (loss, grad_norm) in results.items():
+        assert loss == pytest.approx(reference[0], abs=1e-6), key
+        assert grad_norm == pytest.approx(reference[1], rel=1e-5), key

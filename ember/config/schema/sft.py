@@ -41,6 +41,8 @@ class SFTDataConfig:
         "error", "what to do with an example over max_length: error, or cut it on the left, right or middle")
     train_batch_size: int = field_(256, "examples per optimizer step over all GPUs")
     micro_batch_size_per_gpu: int = field_(4, "examples per forward/backward on one GPU")
+    use_dynamic_bsz: bool = field_(False, "form micro-batches by a token budget instead of micro_batch_size_per_gpu")
+    max_token_len_per_gpu: int = field_(16384, "tokens per micro-batch with use_dynamic_bsz")
     chat_template: str | None = field_(None, "Jinja chat template replacing the tokenizer's; null = the tokenizer's")
     custom_cls: CustomClassConfig = section(CustomClassConfig, "a user-defined dataset class")
 
