@@ -171,9 +171,11 @@ class LLMEngine:
             self.scheduler.add_group(sequences[start : start + sampling.n])
         return sequences
 
-    def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        """Copy new weights (checkpoint names, full tensors) into the model in place; any subset may be sent."""
-        load_weights(self.model, named_tensors, require_all=False)
+    def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]], share: bool = False) -> None:
+        """New weights (checkpoint names, full tensors; any subset) copied into the model in place, or,
+        with `share`, taken as the model's own storage where shape, dtype and device match (no copy)."""
+        if load_weights(self.model, named_tensors, require_all=False, share=share):
+            self.decoder.drop_graphs()  # captured graphs read the old weights' memory
 
     def free_kv_cache(self) -> None:
         """Release the KV cache's memory (between rollouts); `generate` is refused until `allocate_kv_cache`."""

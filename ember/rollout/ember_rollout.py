@@ -2,7 +2,7 @@
 
 The engine holds its own copy of the weights: `update_weights` copies the trained tensors
 into it in place (the names are the HF checkpoint's, as `named_parameters_for_sync`
-sends them). `sleep` frees the KV cache for training and `wake` allocates it again; the
+sends them), or, once `share_training_weights` is called, takes them as its own storage. `sleep` frees the KV cache for training and `wake` allocates it again; the
 weights stay where they are.
 """
 
@@ -24,6 +24,7 @@ class EmberRollout(RolloutEngine):
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self._asleep = False
+        self.share_weights = False
 
     @classmethod
     def from_pretrained(cls, path: str | Path, config: EngineConfig) -> EmberRollout:
@@ -45,8 +46,15 @@ class EmberRollout(RolloutEngine):
         ]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        """Copy trained tensors (model's own names, full tensors) into the engine's weights in place."""
-        self.engine.load_weights(named_tensors)
+        """Take trained tensors (model's own names, full tensors): copied in place, or shared after
+        `share_training_weights` where layouts match."""
+        self.engine.load_weights(named_tensors, share=self.share_weights)
+
+    def share_training_weights(self) -> None:
+        """From now on take the tensors `update_weights` receives as the engine's own storage where
+        shape, dtype and device match: for the training engine's live parameters (one rank, no
+        cast, no offload) the engine then holds no second copy and sees each optimizer step."""
+        self.share_weights = True
 
     def sleep(self) -> None:
         """Free the KV cache for training; `generate` is refused until `wake`."""

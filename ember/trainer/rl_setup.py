@@ -237,6 +237,8 @@ def build_components(cfg: EmberConfig) -> RLComponents:
     rollout = build_rollout(arr.rollout.name, actor_engine.module(), tokenizer.pad_token_id,
                             max_batch_size=arr.rollout.max_num_seqs, model_path=model_path,
                             engine_config=engine_config(arr.rollout) if arr.rollout.name == "ember" else None)
+    if arr.rollout.name == "ember" and actor_engine.dp_size == 1 and not arr.actor.fsdp_config.param_offload:
+        rollout.share_training_weights()  # the actor's live tensors, where dtypes match, become the engine's
     reward = cfg.reward_model
     spec = resolve_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
                              cfg.custom_reward_function.reward_kwargs, cfg.data.reward_fn or None)

@@ -40,3 +40,31 @@ def test_the_ember_engine_generates_what_the_hf_rollout_generates(inputs, tmp_pa
     finally:
         close(ember)
         close(hf)
+
+
+def test_at_one_rank_the_engine_holds_the_actors_own_tensors(inputs, tmp_path):
+    trainer = build_trainer(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.rollout.name=ember"))
+    try:
+        engine_parameters = dict(trainer.rollout().engine.model.named_parameters())
+        live = {name: parameter.to_local() for name, parameter in trainer.parts.actor.engine.model.named_parameters()}
+        assert set(live) == set(engine_parameters)
+        assert all(engine_parameters[name].data_ptr() == tensor.data_ptr() for name, tensor in live.items())
+        name = next(iter(live))
+        with torch.no_grad():
+            live[name].add_(1.0)  # an optimizer step changes the actor's tensors in place
+        torch.testing.assert_close(engine_parameters[name], live[name], rtol=0, atol=0)
+    finally:
+        close(trainer)
+
+
+def test_an_offloaded_actor_is_copied_not_shared(inputs, tmp_path):
+    trainer = build_trainer(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.rollout.name=ember",
+                                          "actor_rollout_ref.actor.fsdp_config.param_offload=True"))
+    try:
+        engine_parameters = dict(trainer.rollout().engine.model.named_parameters())
+        live = {name: parameter.to_local() for name, parameter in trainer.parts.actor.engine.model.named_parameters()}
+        assert not any(engine_parameters[name].data_ptr() == tensor.data_ptr() for name, tensor in live.items())
+        for name, tensor in live.items():
+            torch.testing.assert_close(engine_parameters[name], tensor, rtol=0, atol=0)
+    finally:
+        close(trainer)

@@ -4,7 +4,8 @@ Weights come as (name, tensor) pairs in the checkpoint's own names: read from a 
 directory's safetensors files, or handed over by the training engine
 (`named_parameters_for_sync`). The model is built on the meta device and materialised
 empty, so its first load must supply every parameter; later loads (`update_weights`) may
-send any subset, copied in place so the KV cache and any captured graphs stay valid.
+send any subset, copied in place so the KV cache and any captured graphs stay valid, or
+shared (the training engine's own tensors become the engine's weights, see `load_weights`).
 
 MoE experts live in fused 3-D tensors (the names the training engine sends); a saved
 checkpoint names each expert's matrices instead, and those names fill slices of the fused
@@ -41,17 +42,35 @@ def build_model(config: PretrainedConfig, max_positions: int, dtype: torch.dtype
     return model.eval().requires_grad_(False)
 
 
-def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, Tensor]], require_all: bool) -> None:
-    """Copy tensors into the model's parameters by name, in place; `require_all` checks none was left out.
+def load_weights(
+    model: nn.Module, named_tensors: Iterable[tuple[str, Tensor]], require_all: bool, share: bool = False
+) -> bool:
+    """Fill the model's parameters by name; `require_all` checks none was left out. Returns whether
+    any parameter now lives in different memory (captured CUDA graphs must then be dropped).
 
-    A tied model's `lm_head.weight` is the embedding itself: both names write the same tensor.
-    A fused expert tensor counts as loaded once every expert's slice of it was.
+    Tensors are copied in place; with `share`, a tensor whose shape, dtype and device match its
+    parameter becomes that parameter's storage instead (no second copy: the training engine's
+    live weights, which its optimizer then updates in place for both). A tied model's
+    `lm_head.weight` is the embedding itself: both names write the same tensor. A fused expert
+    tensor counts as loaded once every expert's slice of it was.
     """
     parameters = dict(model.named_parameters(remove_duplicate=False))
+    wanted = ((name, tensor) for name, tensor in named_tensors if not name.endswith(_IGNORED_SUFFIXES))
+    moved, shared = False, set()
+    if share:
+        wanted = list(wanted)
+        for name, tensor in wanted:
+            parameter = parameters.get(name)
+            if parameter is not None and (parameter.shape, parameter.dtype, parameter.device) == (
+                tensor.shape, tensor.dtype, tensor.device
+            ):
+                moved |= parameter.data_ptr() != tensor.data_ptr()
+                parameter.data = tensor.detach()
+                shared.add(name)
+        wanted = [(name, tensor) for name, tensor in wanted if name not in shared]
     expert_slices = per_expert_slices(model)
     targets = parameters | {name: view for slices in expert_slices.values() for name, view in slices.items()}
-    wanted = ((name, tensor) for name, tensor in named_tensors if not name.endswith(_IGNORED_SUFFIXES))
-    loaded = copy_named_tensors(targets, wanted, owner=f"ember's {type(model).__name__}")
+    loaded = shared | copy_named_tensors(targets, wanted, owner=f"ember's {type(model).__name__}")
     if require_all:
         tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
         if "model.embed_tokens.weight" in loaded:
@@ -60,6 +79,7 @@ def load_weights(model: nn.Module, named_tensors: Iterable[tuple[str, Tensor]], 
         missing = sorted(set(parameters) - loaded)
         if missing:
             raise ValueError(f"the weights given to the engine lack {len(missing)} parameters, e.g. {missing[:3]}")
+    return moved
 
 
 def per_expert_slices(model: nn.Module) -> dict[str, dict[str, Tensor]]:
