@@ -21,43 +21,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ember.inference.hashing import MASK32, gumbel_noise, mix32, row_keys
 from ember.rollout.base import SamplingParams
 from ember.rollout.sampling import log_prob_temperature, token_log_probs
-
-MASK32 = 0xFFFFFFFF
-GOLDEN32 = 0x9E3779B1
-"""Multiplier spreading vocabulary indices over 32 bits before hashing."""
-MIX_MULTIPLIERS = (0x21F0AAAD, 0xD35A2D97)
-"""The two rounds' odd multipliers of `mix32` (the Triton kernel uses the same)."""
-
-
-def mix32(values: Tensor) -> Tensor:
-    """A 32-bit integer hash (xorshift-multiply rounds), elementwise on int64 tensors holding uint32 values."""
-    values = values ^ (values >> 16)
-    values = _mul32(values, MIX_MULTIPLIERS[0])
-    values = values ^ (values >> 15)
-    values = _mul32(values, MIX_MULTIPLIERS[1])
-    return values ^ (values >> 15)
-
-
-def _mul32(values: Tensor, constant: int) -> Tensor:
-    """(values * constant) mod 2**32 without int64 overflow: the constant is split in 16-bit halves."""
-    low = values * (constant & 0xFFFF)
-    high = ((values * (constant >> 16)) & 0xFFFF) << 16
-    return (low + high) & MASK32
-
-
-def row_keys(seeds: Tensor, positions: Tensor) -> Tensor:
-    """One 32-bit key per row: the hash of its sequence's seed and the position of the token being drawn."""
-    return mix32((seeds.long() & MASK32) ^ mix32(positions.long() & MASK32))
-
-
-def gumbel_noise(keys: Tensor, vocab_size: int) -> Tensor:
-    """(rows, vocab) float32 Gumbel(0, 1) noise, a pure function of each row's key and the vocabulary index."""
-    spread = _mul32(torch.arange(vocab_size, device=keys.device, dtype=torch.long), GOLDEN32)
-    hashed = mix32(keys[:, None] ^ spread[None, :])
-    uniform = ((hashed >> 8).float() + 0.5) * (1.0 / (1 << 24))
-    return -torch.log(-torch.log(uniform))
 
 
 def sequence_seed(request_seed: int | None, sequence_id: int) -> int:

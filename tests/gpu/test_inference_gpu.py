@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from ember.inference import EngineConfig, LLMEngine
 from ember.inference.attention import AttentionInputs, gathered_attention
-from ember.inference.sampling import gumbel_noise, row_keys
+from ember.inference.hashing import gumbel_noise, row_keys
 from ember.models.tiny import tiny_model_config
 from ember.rollout.base import SamplingParams
 

@@ -4,7 +4,8 @@ import math
 
 import torch
 
-from ember.inference.sampling import gumbel_noise, row_keys, sample_next_tokens, sequence_seed, truncated_probabilities
+from ember.inference.hashing import gumbel_noise, row_keys
+from ember.inference.sampling import sample_next_tokens, sequence_seed, truncated_probabilities
 from ember.rollout.base import SamplingParams
 
 # Probabilities 0.5, 0.25, 0.125, 0.125 at temperature 1.

@@ -1,6 +1,6 @@
 """One pass over each logits row: hashed Gumbel noise, the argmax and the log-softmax at the chosen token.
 
-The noise is the very hash of `ember.inference.sampling` (`row_keys`, `gumbel_noise`), in
+The noise is the very hash of `ember.inference.hashing` (`row_keys`, `gumbel_noise`), in
 int64 arithmetic with the same 16-bit split multiplications, so the CUDA path and the
 PyTorch path draw the same tokens up to float rounding of the logits themselves.
 """
@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from ember.inference.sampling import GOLDEN32, MIX_MULTIPLIERS
+from ember.inference.hashing import GOLDEN32, MIX_MULTIPLIERS
 
 BLOCK_VOCAB = 4096
 
@@ -45,7 +45,7 @@ def _sample_kernel(
     running_max = -float("inf")
     running_sum = 0.0
     if ADD_NOISE:
-        # sampling.row_keys: the hash of the row's seed and the position of the token drawn
+        # hashing.row_keys: the hash of the row's seed and the position of the token drawn
         seed = tl.load(seeds_ptr + row).to(tl.int64) & 0xFFFFFFFF
         position = tl.load(positions_ptr + row).to(tl.int64) & 0xFFFFFFFF
         key = _mix32(seed ^ _mix32(position, FIRST, SECOND), FIRST, SECOND)

@@ -122,7 +122,10 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, spec, layer_index, rotary)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = SparseMoeBlock(config, spec) if spec.sparse_layers[layer_index] else MLP(config.hidden_size, config.intermediate_size, spec.mlp_bias)
+        if spec.sparse_layers[layer_index]:
+            self.mlp = SparseMoeBlock(config, spec.shared_expert)
+        else:
+            self.mlp = MLP(config.hidden_size, config.intermediate_size, spec.mlp_bias)
 
     def forward(
         self, states: Tensor, residual: Tensor | None, positions: Tensor, kv_cache: tuple[Tensor, Tensor],

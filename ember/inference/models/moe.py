@@ -25,7 +25,6 @@ Saved checkpoints name each expert's matrices (`experts.3.gate_proj.weight`);
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -33,9 +32,6 @@ from torch import Tensor, nn
 from transformers import PretrainedConfig
 
 from ember.inference.models.layers import MLP
-
-if TYPE_CHECKING:
-    from ember.inference.models.decoder import DecoderSpec
 
 # grouped_mm needs every row of its operands to start on a 16-byte boundary.
 _GROUPED_MM_ALIGNMENT = 8
@@ -108,15 +104,16 @@ class Experts(nn.Module):
 class SparseMoeBlock(nn.Module):
     """The MLP of a sparse layer: routed experts, plus the gated shared expert where the model has one."""
 
-    def __init__(self, config: PretrainedConfig, spec: DecoderSpec) -> None:
+    def __init__(self, config: PretrainedConfig, shared_expert: bool) -> None:
+        """shared_expert: add the gated shared expert (Qwen2-MoE)."""
         super().__init__()
         hidden = config.hidden_size
         self.top_k = config.num_experts_per_tok
         self.renormalize = config.norm_topk_prob
         self.gate = nn.Linear(hidden, config.num_experts, bias=False)
         self.experts = Experts(config.num_experts, hidden, config.moe_intermediate_size)
-        self.has_shared_expert = spec.shared_expert
-        if spec.shared_expert:
+        self.has_shared_expert = shared_expert
+        if shared_expert:
             self.shared_expert = MLP(hidden, config.shared_expert_intermediate_size, bias=False)
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
