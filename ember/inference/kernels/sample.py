@@ -1,8 +1,9 @@
 """One pass over each logits row: hashed Gumbel noise, the argmax and the log-softmax at the chosen token.
 
-The noise is the very hash of `ember.inference.hashing` (`row_keys`, `gumbel_noise`), in
-int64 arithmetic with the same 16-bit split multiplications, so the CUDA path and the
-PyTorch path draw the same tokens up to float rounding of the logits themselves.
+The noise is the very hash of `ember.inference.hashing` (`row_keys`, `gumbel_noise`), here
+in native uint32 arithmetic (products wrap modulo 2**32, which the PyTorch reference
+computes with split multiplications), so the CUDA path and the PyTorch path draw the same
+tokens up to float rounding of the logits themselves.
 """
 
 from __future__ import annotations
@@ -18,18 +19,12 @@ BLOCK_VOCAB = 4096
 
 
 @triton.jit
-def _mul32(values, constant: tl.constexpr):
-    low = values * (constant & 0xFFFF)
-    high = ((values * (constant >> 16)) & 0xFFFF) << 16
-    return (low + high) & 0xFFFFFFFF
-
-
-@triton.jit
 def _mix32(values, first: tl.constexpr, second: tl.constexpr):
+    """hashing.mix32 on uint32 values: their products wrap modulo 2**32 as the reference computes."""
     values = values ^ (values >> 16)
-    values = _mul32(values, first)
+    values = values * tl.full(values.shape, first, tl.uint32)
     values = values ^ (values >> 15)
-    values = _mul32(values, second)
+    values = values * tl.full(values.shape, second, tl.uint32)
     return values ^ (values >> 15)
 
 
@@ -46,8 +41,8 @@ def _sample_kernel(
     running_sum = 0.0
     if ADD_NOISE:
         # hashing.row_keys: the hash of the row's seed and the position of the token drawn
-        seed = tl.load(seeds_ptr + row).to(tl.int64) & 0xFFFFFFFF
-        position = tl.load(positions_ptr + row).to(tl.int64) & 0xFFFFFFFF
+        seed = tl.load(seeds_ptr + row).to(tl.uint32)  # the low 32 bits, as hashing.row_keys masks them
+        position = tl.load(positions_ptr + row).to(tl.uint32)
         key = _mix32(seed ^ _mix32(position, FIRST, SECOND), FIRST, SECOND)
     for start in range(0, vocab_size, BLOCK):
         index = start + tl.arange(0, BLOCK)
@@ -55,7 +50,8 @@ def _sample_kernel(
         scores = tl.load(scores_ptr + row * scores_stride + index, mask=inside, other=-float("inf")).to(tl.float32)
         scores = scores * score_scale
         if ADD_NOISE:
-            hashed = _mix32(key ^ _mul32(index.to(tl.int64), GOLDEN), FIRST, SECOND)
+            spread = index.to(tl.uint32) * tl.full(index.shape, GOLDEN, tl.uint32)
+            hashed = _mix32(key ^ spread, FIRST, SECOND)
             uniform = ((hashed >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
             scores = scores - tl.log(-tl.log(uniform))
         scores = tl.where(inside, scores, -float("inf"))
