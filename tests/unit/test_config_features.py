@@ -85,3 +85,9 @@ def test_keys_that_would_otherwise_be_ignored_stop_a_real_run(override, message)
 
     with pytest.raises(NotImplementedFeature, match=re.escape(message)):
         check_implemented(load_config([override]))
+
+
+def test_fsdp_offload_policy_is_refused_with_the_switches_that_exist():
+    cfg = load_config([f"{A}.actor.fsdp_config.offload_policy=True"])
+    with pytest.raises(NotImplementedFeature, match="offload_policy=true.*use fsdp_config.param_offload"):
+        check_implemented(cfg)
