@@ -24,7 +24,7 @@ from ember.distributed.device import empty_cache
 from ember.inference.block_manager import BlockManager
 from ember.inference.config import EngineConfig
 from ember.inference.decode_runner import DecodeRunner
-from ember.inference.kv_cache import KVCache, kv_block_bytes, num_kv_blocks_for_memory
+from ember.inference.kv_cache import KVCache, activation_reserve_bytes, kv_block_bytes, num_kv_blocks_for_memory
 from ember.inference.model_runner import ModelRunner
 from ember.inference.models import build_model, load_hf_config, load_weights, read_safetensors
 from ember.inference.sampling import sample_next_tokens, sequence_seed
@@ -96,7 +96,15 @@ class LLMEngine:
             self.model.head_dim,
             self.config.dtype,
         )
-        return num_kv_blocks_for_memory(total_bytes, free_bytes, self.config.gpu_memory_utilization, block_bytes) - 1
+        hf_config = self.model.config
+        reserved = activation_reserve_bytes(
+            hf_config.hidden_size, getattr(hf_config, "intermediate_size", 0) or 0, hf_config.vocab_size,
+            self.config.max_num_batched_tokens, self.config.max_num_seqs, self.config.dtype,
+        )
+        blocks = num_kv_blocks_for_memory(
+            total_bytes, free_bytes, self.config.gpu_memory_utilization, block_bytes, reserved
+        )
+        return blocks - 1  # the trash block comes on top
 
     @property
     def prefill_tokens_computed(self) -> int:

@@ -73,20 +73,35 @@ def kv_block_bytes(num_layers: int, block_size: int, num_kv_heads: int, head_dim
     return 2 * num_layers * block_size * num_kv_heads * head_dim * dtype.itemsize
 
 
+def activation_reserve_bytes(
+    hidden_size: int, intermediate_size: int, vocab_size: int, max_num_batched_tokens: int, max_num_seqs: int,
+    dtype: torch.dtype,
+) -> int:
+    """Memory a step needs besides weights and KV cache, estimated high: a full prefill's layer
+    activations, every sequence's logits with their float32 copies, and 512 MiB for captured
+    graphs and allocator slack."""
+    prefill = max_num_batched_tokens * (6 * hidden_size + 3 * intermediate_size) * dtype.itemsize
+    logits = max_num_seqs * vocab_size * (dtype.itemsize + 8)
+    return prefill + logits + (512 << 20)
+
+
 def num_kv_blocks_for_memory(
-    total_bytes: int, free_bytes: int, memory_utilization: float, block_bytes: int
+    total_bytes: int, free_bytes: int, memory_utilization: float, block_bytes: int, reserved_bytes: int = 0
 ) -> int:
     """Blocks that fit when the process may fill `memory_utilization` of the device and some is already in use.
 
     Memory already in use (total - free: the loaded weights, other processes) counts against
-    the budget, as gpu_memory_utilization means in vLLM.
+    the budget, as gpu_memory_utilization means in vLLM, and so does `reserved_bytes` (the
+    steps' own activations, `activation_reserve_bytes`).
     """
-    budget = int(total_bytes * memory_utilization) - (total_bytes - free_bytes)
+    budget = int(total_bytes * memory_utilization) - (total_bytes - free_bytes) - reserved_bytes
     blocks = budget // block_bytes
     if blocks < 1:
         raise ValueError(
             f"no room for a KV cache: gpu_memory_utilization={memory_utilization} of {total_bytes / 2**30:.1f} GiB "
-            f"is {total_bytes * memory_utilization / 2**30:.1f} GiB, and {(total_bytes - free_bytes) / 2**30:.1f} GiB "
-            f"is in use already: raise gpu_memory_utilization or free memory (offload training) before waking"
+            f"is {total_bytes * memory_utilization / 2**30:.1f} GiB, {(total_bytes - free_bytes) / 2**30:.1f} GiB "
+            f"is in use already and {reserved_bytes / 2**30:.1f} GiB is kept for the steps' activations: raise "
+            f"gpu_memory_utilization, free memory (offload training) before waking, or lower max_num_seqs / "
+            f"max_num_batched_tokens"
         )
     return blocks

@@ -1,0 +1,30 @@
+"""Sizing the engine's KV cache from gpu_memory_utilization: memory in use and the steps' activations count against it."""
+
+import pytest
+import torch
+
+from ember.inference.kv_cache import activation_reserve_bytes, kv_block_bytes, num_kv_blocks_for_memory
+
+GIB = 2**30
+
+
+def test_memory_in_use_and_reserved_activations_come_off_the_budget():
+    # 0.5 of 80 GiB = 40 GiB; 10 GiB in use; 6 GiB kept for activations: 24 GiB of 1 GiB blocks.
+    assert num_kv_blocks_for_memory(80 * GIB, 70 * GIB, 0.5, GIB) == 30
+    assert num_kv_blocks_for_memory(80 * GIB, 70 * GIB, 0.5, GIB, reserved_bytes=6 * GIB) == 24
+
+
+def test_no_room_names_the_settings_to_change():
+    with pytest.raises(ValueError, match="gpu_memory_utilization.*activations.*max_num_seqs"):
+        num_kv_blocks_for_memory(80 * GIB, 45 * GIB, 0.5, GIB, reserved_bytes=6 * GIB)
+
+
+def test_activation_reserve_covers_the_logits_of_every_slot_and_a_full_prefill():
+    # Qwen2.5-0.5B: hidden 896, intermediate 4864, vocab 151936.
+    small = activation_reserve_bytes(896, 4864, 151936, 8192, 256, torch.bfloat16)
+    more_slots = activation_reserve_bytes(896, 4864, 151936, 8192, 1024, torch.bfloat16)
+    longer_prefill = activation_reserve_bytes(896, 4864, 151936, 65536, 256, torch.bfloat16)
+    assert more_slots - small == 768 * 151936 * 10  # per slot: bf16 logits and 8 bytes of float32 work per entry
+    assert longer_prefill > small
+    assert small > 256 * 151936 * 2  # at least the bf16 logits themselves
+    assert kv_block_bytes(24, 16, 2, 64, torch.bfloat16) == 2 * 24 * 16 * 2 * 64 * 2
