@@ -94,14 +94,18 @@ def paged_attention(
     steps on CUDA run the Triton kernel that reads the blocks in place; everything else
     gathers (`gathered_attention`, the reference the kernel is tested against).
     """
-    head_dim = queries.shape[-1]
-    if inputs.is_decode and queries.is_cuda and head_dim >= 16 and head_dim & (head_dim - 1) == 0:
+    if inputs.is_decode and queries.is_cuda and decode_kernel_supports(queries.shape[-1]):
         from ember.inference.kernels.paged_decode import paged_decode_attention
 
         return paged_decode_attention(
             queries, key_cache, value_cache, inputs.block_tables, inputs.context_lengths, scale, sliding_window
         )
     return gathered_attention(queries, key_cache, value_cache, inputs, scale, sliding_window)
+
+
+def decode_kernel_supports(head_dim: int) -> bool:
+    """Whether the Triton decode kernel handles this head size (a power of two, at least 16)."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 
 def gathered_attention(
@@ -119,4 +123,6 @@ def gathered_attention(
     output = F.scaled_dot_product_attention(
         padded_queries, keys, values, attn_mask=inputs.mask(sliding_window), scale=scale, enable_gqa=True
     )
+    if inputs.is_decode:  # one query per sequence: no boolean indexing, which would sync inside a CUDA graph
+        return output.transpose(1, 2)[:, 0]
     return output.transpose(1, 2)[inputs.query_valid]

@@ -28,7 +28,8 @@ from ember.rollout.base import SamplingParams
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:
-    """Padded batch sizes with a graph each: 1, 2, 4, 8, then powers of two and their midpoints (at most 1/3 waste)."""
+    """Padded batch sizes with a graph each: 1, 2, 4, 8, then powers of two and their midpoints
+    (above 8 at most a third of a padded batch is padding)."""
     sizes, power = [1, 2, 4, 8], 8
     while sizes[-1] < max_num_seqs:
         sizes += [power + power // 2, power * 2]
@@ -78,20 +79,25 @@ class DecodeRunner:
         padded = next(size for size in self.batch_sizes if size >= count) if self.use_cuda_graphs else count
         graph = self._graph(padded, sampling) if self.use_cuda_graphs else None
         self._load_rows(sequences, padded)
+        # A graph reads the table at its full width (the kernel skips unused blocks); an eager step
+        # gathers every block of the width it is given, so it gets only what this window can reach.
+        width = None if graph is not None else -(-(max(len(s) for s in sequences) + steps) // self.block_size)
         tokens = torch.empty(steps, count, dtype=torch.long, device=self.device)
         log_probs = torch.empty(steps, count, dtype=torch.float32, device=self.device)
         for index in range(steps):
             if graph is not None:
                 graph.replay()
             else:
-                self._step(padded, sampling)
+                self._step(padded, sampling, width)
             tokens[index].copy_(self.step_tokens[:count])
             log_probs[index].copy_(self.step_log_probs[:count])
         return tokens.T.tolist(), log_probs.T.tolist()
 
-    def _step(self, rows: int, sampling: SamplingParams) -> None:
-        """One decode step for the first `rows` buffer rows: forward, sample, feed the sampled token back."""
-        token_ids, positions, block_tables = self.token_ids[:rows], self.positions[:rows], self.block_tables[:rows]
+    def _step(self, rows: int, sampling: SamplingParams, width: int | None = None) -> None:
+        """One decode step for the first `rows` buffer rows (block tables cut to `width` columns if given):
+        forward, sample, feed the sampled token back."""
+        token_ids, positions = self.token_ids[:rows], self.positions[:rows]
+        block_tables = self.block_tables[:rows, :width]
         blocks = block_tables.gather(1, (positions // self.block_size)[:, None])[:, 0]
         inputs = AttentionInputs(
             slot_mapping=blocks * self.block_size + positions % self.block_size,
@@ -102,7 +108,7 @@ class DecodeRunner:
             is_decode=True,
         )
         hidden = self.model(token_ids, positions, self.kv_cache.layers, inputs)
-        next_tokens, log_probs = sample_next_tokens(self.model.lm_head(hidden), sampling, self.seeds[:rows], positions + 1)
+        next_tokens, log_probs = sample_next_tokens(self.model.logits(hidden), sampling, self.seeds[:rows], positions + 1)
         self.step_tokens[:rows].copy_(next_tokens)
         self.step_log_probs[:rows].copy_(log_probs)
         token_ids.copy_(next_tokens)

@@ -6,7 +6,8 @@ the `DecodeRunner` runs windows of decode steps on the device (CUDA graphs on a 
 with ember's own model over the paged cache; `sample_next_tokens` picks the tokens.
 `generate` loops until every sample has finished (a stop token, or max_new_tokens).
 
-The engine holds its own copy of the weights; `load_weights` copies new ones in place.
+`load_weights` copies new weights into the model in place, or shares the given tensors as
+its storage (the training engine's live weights at one rank).
 `free_kv_cache` / `allocate_kv_cache` give the cache memory back and take it again
 (the rollout's sleep and wake).
 """
@@ -21,6 +22,7 @@ from torch import Tensor
 from transformers import PretrainedConfig
 
 from ember.distributed.device import empty_cache
+from ember.inference.attention import decode_kernel_supports
 from ember.inference.block_manager import BlockManager
 from ember.inference.config import EngineConfig
 from ember.inference.decode_runner import DecodeRunner
@@ -74,8 +76,14 @@ class LLMEngine:
         )
 
     def _graph_safe(self) -> bool:
-        """Whether a decode step can be captured: MoE layers' grouped matmuls stay on the device only in bf16 on sm90+."""
-        if not any(self.model.spec.sparse_layers) or self.device.type != "cuda":
+        """Whether a decode step can be captured: attention must run in the Triton kernel (the gathered
+        path reads the whole block table), and MoE layers' grouped matmuls stay on the device only in
+        bf16 on sm90+."""
+        if self.device.type != "cuda":
+            return True
+        if not decode_kernel_supports(self.model.head_dim):
+            return False
+        if not any(self.model.spec.sparse_layers):
             return True
         return self.config.dtype == torch.bfloat16 and torch.cuda.get_device_capability(self.device) >= (9, 0)
 

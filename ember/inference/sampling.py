@@ -3,9 +3,10 @@
 The one thing to know: sampling draws no random state. A token is the argmax of
 `scores + Gumbel noise` (the Gumbel-max trick, an exact draw from softmax(scores)), and the
 noise of vocabulary entry j for a sequence at a position is a hash of (the sequence's
-32-bit seed, the position, j). So a sequence draws the same tokens whatever else shares
-its batch, whichever step or decode window it lands in, and after a preemption; and the
-draw can run inside a captured CUDA graph. `scores` are the logits / temperature with the
+32-bit seed, the position, j). So a sequence gets the same noise whatever else shares its
+batch, whichever step or decode window it lands in, and after a preemption (on CPU that is
+the same tokens; on a GPU the logits themselves may round differently with the batch size,
+which can flip a near tie); and the draw can run inside a captured CUDA graph. `scores` are the logits / temperature with the
 top-k / top-p cut applied (-inf outside).
 
 The log-prob returned with a token is log_softmax(raw_logits / temperature) at that token

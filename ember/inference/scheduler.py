@@ -35,7 +35,7 @@ class ScheduledStep:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     """Prefill only: (source, destination) KV blocks to copy after the forward (a sample's own partial block)."""
     decode_sequences: list[Sequence] = field(default_factory=list)
-    """Decode only: sequences that each get one new token."""
+    """Decode only: sequences that each get the window's new tokens (slots reserved for all of them)."""
 
     @property
     def sequences(self) -> list[Sequence]:

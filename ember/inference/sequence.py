@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+
 class SequenceStatus(Enum):
     """Where a sequence is: queued for prefill, holding a slot, or done."""
 

@@ -1,9 +1,10 @@
 """EmberRollout: the RolloutEngine on ember's own generation engine (`ember.inference.LLMEngine`).
 
-The engine holds its own copy of the weights: `update_weights` copies the trained tensors
-into it in place (the names are the HF checkpoint's, as `named_parameters_for_sync`
-sends them), or, once `share_training_weights` is called, takes them as its own storage. `sleep` frees the KV cache for training and `wake` allocates it again; the
-weights stay where they are.
+`update_weights` copies the trained tensors into the engine's weights in place (the names
+are the HF checkpoint's, as `named_parameters_for_sync` sends them), or, once
+`share_training_weights` is called, takes them as the engine's own storage where layouts
+match. `sleep` frees the KV cache for training and `wake` allocates it again; the weights
+stay where they are.
 """
 
 from __future__ import annotations

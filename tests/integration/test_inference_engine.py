@@ -113,6 +113,24 @@ def test_preemption_when_blocks_run_out_keeps_outputs_exact_and_frees_everything
     assert engine.block_manager.num_free_blocks == 24
 
 
+@pytest.mark.parametrize("window", [3, 16])
+def test_decode_windows_give_the_tokens_of_single_steps_through_stops_and_preemption(window):
+    model = tiny_model("qwen2")
+    sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=40, seed=5, stop_token_ids=(7, 11, 13))
+    single = engine_for(model, max_num_seqs=4, decode_window=1).generate(PROMPTS, sampling)
+    # 24 blocks of 4 tokens: 4 sequences reserving a window ahead run out, and some are preempted.
+    windowed_engine = engine_for(model, max_num_seqs=4, num_kv_blocks=24, decode_window=window)
+    windowed = windowed_engine.generate(PROMPTS, sampling)
+    assert {output.finish_reason for output in single} == {"stop", "length"}
+    assert [(o.generated_token_ids, o.finish_reason) for o in windowed] == [
+        (o.generated_token_ids, o.finish_reason) for o in single
+    ]
+    for ours, reference in zip(windowed, single):
+        torch.testing.assert_close(torch.tensor(ours.log_probs), torch.tensor(reference.log_probs), atol=1e-5, rtol=0)
+    assert windowed_engine.prefill_tokens_computed > sum(len(p) for p in PROMPTS)  # someone was prefilled again
+    assert windowed_engine.block_manager.num_free_blocks == 24
+
+
 def test_sampled_log_probs_equal_teacher_forced_log_softmax_of_scaled_logits():
     model = tiny_model("qwen2")
     sampling = SamplingParams(n=2, temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=24, seed=1)

@@ -188,8 +188,8 @@ class DecoderForCausalLM(nn.Module):
         return self.model.norm.add_and_norm(states, residual)[0]
 
     def logits(self, hidden_states: Tensor) -> Tensor:
-        """Next-token logits (rows, vocab) in float32 for the given rows of hidden states."""
-        return self.lm_head(hidden_states).float()
+        """Next-token logits (rows, vocab) in the model's dtype (sampling reads them in float32)."""
+        return self.lm_head(hidden_states)
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
