@@ -261,6 +261,15 @@ def _sft_errors(cfg: SFTConfig) -> list[str]:
     data_parallel = data_parallel_size(world_size(cfg.trainer), model.strategy, model.megatron, cfg.ulysses_sequence_parallel_size)
     batch, micro = cfg.data.train_batch_size, cfg.data.micro_batch_size_per_gpu
     accumulation = cfg.training.gradient_accumulation_steps
+    if cfg.data.use_dynamic_bsz:
+        if cfg.data.max_token_len_per_gpu < 1:
+            return [f"data.max_token_len_per_gpu={cfg.data.max_token_len_per_gpu}: give at least 1 token per micro-batch"]
+        if accumulation is not None:
+            return ["training.gradient_accumulation_steps is set, but data.use_dynamic_bsz=true forms micro-batches "
+                    "by data.max_token_len_per_gpu: remove one of the two"]
+        if batch % data_parallel:
+            return [f"data.train_batch_size={batch} is not divisible by the data-parallel size {data_parallel}"]
+        return []
     if accumulation is not None and micro * accumulation * data_parallel != batch:
         hint = (f" (e.g. training.gradient_accumulation_steps={batch // (micro * data_parallel)})"
                 if batch % (micro * data_parallel) == 0 else "")

@@ -25,8 +25,8 @@ from torch import Tensor, nn
 
 from ember.algorithms.entropy import entropy_from_logits, log_probs_from_logits
 from ember.data.batch import Batch
-from ember.engines.fused_log_probs import fused_log_probs
 from ember.data.packing import pack_batch
+from ember.engines.fused_log_probs import fused_log_probs
 
 
 def compute_response_log_probs(model: nn.Module, batch: Batch, *, temperature: float = 1.0,
@@ -83,6 +83,10 @@ def _fused_head(model: nn.Module, inputs: dict, keep: Tensor, targets: Tensor, t
     if getattr(head, "bias", None) is not None:
         raise ValueError(f"{type(model).__name__}'s LM head has a bias, which fused log-probs leave out; "
                          "set use_fused_kernels=false for this model")
+    rescaling = [key for key in _LOGIT_RESCALING if getattr(model.config, key, None) not in (None, 1, 1.0)]
+    if rescaling:
+        raise ValueError(f"{type(model).__name__} rescales its logits ({', '.join(rescaling)}), which fused "
+                         "log-probs leave out; set use_fused_kernels=false for this model")
 
     def log_probs_instead_of_logits(hidden: Tensor) -> Tensor:
         log_probs, entropy = fused_log_probs(hidden.reshape(-1, hidden.shape[-1]), head.weight, targets.reshape(-1),
@@ -94,6 +98,10 @@ def _fused_head(model: nn.Module, inputs: dict, keep: Tensor, targets: Tensor, t
         stacked = model(**inputs, use_cache=False, logits_to_keep=keep).logits
     stacked = stacked.reshape(*targets.shape, -1)
     return stacked[..., 0], stacked[..., 1] if compute_entropy else None
+
+
+_LOGIT_RESCALING = ("final_logit_softcapping", "logits_scaling", "logit_scale")
+"""Config keys of models whose forward changes the LM head's output (softcapping, scaling)."""
 
 
 @contextmanager

@@ -6,9 +6,11 @@ which rules out the flash kernel and builds a [T, T] mask. "ember_varlen" instea
 PyTorch's flash-attention varlen kernel (`torch.nn.attention.varlen`) with the packed
 batch's cumulative sequence lengths, which `compute_response_log_probs` and
 `compute_response_values` pass as `cu_seq_lens_q` / `max_length_q` (transformers hands
-such keyword arguments down to every attention call). A call without them (a padded
-forward, or `generate` on the same module) runs transformers' sdpa with its mask, so the
-module stays correct for any input.
+such keyword arguments down to every attention call). A call without them that has an
+attention mask (a padded forward, or `generate` on the same module) runs transformers'
+sdpa with that mask; a packed row without them is refused, since nothing would keep its
+sequences apart. Options the kernel cannot honour (attention dropout, logit softcapping,
+attention sinks) are refused rather than ignored.
 
 `packed_attention_implementation` picks it for CUDA engines that pack, where the kernel exists.
 """
@@ -26,10 +28,7 @@ NAME = "ember_varlen"
 
 def varlen_available() -> bool:
     """Whether PyTorch ships the flash-attention varlen kernel and a CUDA device is present."""
-    try:
-        return importlib.util.find_spec("torch.nn.attention.varlen") is not None and torch.cuda.is_available()
-    except ModuleNotFoundError:
-        return False
+    return importlib.util.find_spec("torch.nn.attention.varlen") is not None and torch.cuda.is_available()
 
 
 def packed_attention_implementation(configured: str, use_remove_padding: bool, device: torch.device,
@@ -78,26 +77,42 @@ def varlen_attention_forward(
     if cu_seq_lens_q is None:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+        if attention_mask is None and query.shape[0] == 1 and _restarts(kwargs.get("position_ids")):
+            raise ValueError("a packed row reached ember_varlen attention without cu_seq_lens_q / max_length_q: "
+                             "pass the packed batch's attention_kwargs() to the model call")
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       sliding_window=sliding_window, **kwargs)
     from torch.nn.attention.varlen import varlen_attn
 
+    unsupported = {"dropout": dropout > 0 and module.training, "softcap": kwargs.get("softcap"),
+                   "s_aux": kwargs.get("s_aux") is not None}
+    if any(unsupported.values()):
+        raise NotImplementedError(
+            f"ember_varlen attention cannot apply {', '.join(k for k, v in unsupported.items() if v)}: "
+            "set attn_implementation=sdpa (or flash_attention_2 where installed) for this model")
     queries, keys, values = (states[0].transpose(0, 1) for states in (query, key, value))  # (T, heads, dim)
     groups = queries.shape[1] // keys.shape[1]
     if groups > 1:
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
     cu = cu_seq_lens_q.to(device=queries.device, dtype=torch.int32)
     output = varlen_attn(queries, keys, values, cu, cu, max_length_q, max_length_q, **_causal_arguments(
-        scaling, sliding_window))
+        scaling, sliding_window, queries.shape[-1]))
     return output.unsqueeze(0), None
 
 
-def _causal_arguments(scale: float | None, sliding_window: int | None) -> dict:
+def _restarts(position_ids: Tensor | None) -> bool:
+    """Whether a [1, T] row of position ids starts over somewhere (several sequences packed)."""
+    return position_ids is not None and bool((position_ids[0, 1:] == 0).any())
+
+
+def _causal_arguments(scale: float | None, sliding_window: int | None, head_dim: int) -> dict:
     """Causal (and windowed) masking in the form this PyTorch's varlen_attn takes."""
     from torch.nn.attention.varlen import varlen_attn
 
     parameters = inspect.signature(varlen_attn).parameters
     arguments = {"scale": scale} if "scale" in parameters else {}
+    if "scale" not in parameters and scale is not None and abs(scale - head_dim**-0.5) > 1e-9:
+        raise NotImplementedError("this PyTorch's varlen attention takes no custom scale: set attn_implementation=sdpa")
     if "window_size" in parameters:
         arguments["window_size"] = (sliding_window - 1 if sliding_window else -1, 0)
     else:

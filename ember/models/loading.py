@@ -9,6 +9,7 @@ on every rank but the first so that only one process reads the weights from disk
 
 from __future__ import annotations
 
+import copy
 import torch
 from transformers import (
     AutoConfig,
@@ -51,7 +52,11 @@ def load_model(path: str, *, value_head: bool = False, dtype: str = "float32",
 
 def build_model_on_meta(config: PretrainedConfig, *, value_head: bool = False, dtype: str = "float32",
                         attn_implementation: str = "sdpa") -> PreTrainedModel:
-    """The architecture of `config` with parameters on the meta device (no memory, no values)."""
+    """The architecture of `config` with parameters on the meta device (no memory, no values).
+
+    `config` is copied: transformers sets the attention implementation on the config it is
+    given, which would change a live model's (e.g. an engine's "ember_varlen") under it.
+    """
     with torch.device("meta"):
-        return _auto_class(value_head).from_config(config, dtype=resolve_dtype(dtype),
+        return _auto_class(value_head).from_config(copy.deepcopy(config), dtype=resolve_dtype(dtype),
                                                    attn_implementation=attn_implementation)

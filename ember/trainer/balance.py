@@ -39,10 +39,15 @@ def balance_batch(batch: Batch, dp_size: int) -> BalancedBatch:
 
 def balanced_permutation(lengths: Sequence[int], dp_size: int) -> list[int]:
     """An order of the samples whose `dp_size` contiguous chunks have equal sizes and near-equal
-    length sums. Within a chunk samples keep their original order, and chunks are ordered by
-    their first sample, so one rank (or an already balanced layout) keeps the identity."""
+    length sums, never worse balanced than the original order (which is kept when it is at
+    least as good, and always at one rank). Within a chunk samples keep their original order,
+    and chunks are ordered by their first sample."""
     groups = equal_size_partition(lengths, dp_size)
-    return [index for group in sorted(groups, key=lambda group: group[:1]) for index in group]
+    permutation = [index for group in sorted(groups, key=lambda group: group[:1]) for index in group]
+    identity = list(range(len(lengths)))
+    if chunk_imbalance(lengths, dp_size) <= chunk_imbalance([lengths[i] for i in permutation], dp_size):
+        return identity
+    return permutation
 
 
 def equal_size_partition(lengths: Sequence[int], count: int) -> list[list[int]]:

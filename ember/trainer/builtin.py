@@ -3,8 +3,8 @@ fits on a laptop CPU in minutes.
 
 It builds a byte-level tokenizer and a small Llama-shaped model from scratch, writes
 two-digit addition problems as parquet (`ember preprocess synthetic` rows), gives the model
-a short supervised warm start so it knows the answer format, then runs GRPO with the
-transformers rollout and shows validation accuracy rising. Settings the user passes on the
+a short supervised warm start so it knows the answer format, then runs GRPO with ember's
+own generation engine and shows validation accuracy rising. Settings the user passes on the
 command line win over the demo's; everything lands in `trainer.default_local_dir`.
 """
 

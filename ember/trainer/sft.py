@@ -98,14 +98,18 @@ class SFTTrainer:
                         break
         self.finish()
 
+    @property
+    def micro_batches(self) -> int | MicroBatchSpec:
+        """Examples per micro-batch, or a token budget with data.use_dynamic_bsz."""
+        data = self.cfg.data
+        return (MicroBatchSpec(max_token_len=data.max_token_len_per_gpu) if data.use_dynamic_bsz
+                else data.micro_batch_size_per_gpu)
+
     def train_step(self, examples: list[SFTExample]) -> dict[str, float]:
         """One optimizer step on this rank's block of the global batch `examples`."""
         start = time.perf_counter()
-        data = self.cfg.data
-        micro_batches = (MicroBatchSpec(max_token_len=data.max_token_len_per_gpu) if data.use_dynamic_bsz
-                         else data.micro_batch_size_per_gpu)
         update = sft_update(self.engine, rank_share(examples, self.rank, self.dp_size),
-                            self.tokenizer.pad_token_id, micro_batches)
+                            self.tokenizer.pad_token_id, self.micro_batches)
         seconds = time.perf_counter() - start
         self.guard.record(update["skipped"] > 0)
         tokens = sum(len(example.input_ids) for example in examples)
@@ -116,7 +120,7 @@ class SFTTrainer:
         """Mean NLL per target token over the whole validation set, all ranks together."""
         examples = pad_to_multiple([self.val_dataset[i] for i in range(len(self.val_dataset))], self.dp_size)
         nll, tokens = sft_eval_sums(self.engine, rank_share(examples, self.rank, self.dp_size),
-                                    self.tokenizer.pad_token_id, self.cfg.data.micro_batch_size_per_gpu)
+                                    self.tokenizer.pad_token_id, self.micro_batches)
         summed = torch.tensor([nll, tokens], dtype=torch.float64, device=current_device())
         dist.all_reduce(summed)
         nll, tokens = summed.tolist()

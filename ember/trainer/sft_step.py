@@ -12,6 +12,8 @@ from ember.data.batch import Batch
 from ember.data.sft_dataset import SFTExample
 from ember.engines.base import LossContext, MicroBatchSpec, ModelOutput, TrainEngine
 
+EVAL_EXAMPLES_PER_TOKEN_BUDGET_FORWARD = 256
+"""With a token budget, validation examples handed to one `forward` (it plans their micro-batches)."""
 EVAL_MICRO_BATCHES_PER_FORWARD = 8  # evaluation pads this many micro-batches together per forward call
 
 
@@ -46,11 +48,12 @@ def sft_update(engine: TrainEngine, examples: list[SFTExample], pad_token_id: in
 
 
 def sft_eval_sums(engine: TrainEngine, examples: list[SFTExample], pad_token_id: int,
-                  micro_batch_size: int) -> tuple[float, int]:
+                  micro_batch_size: int | MicroBatchSpec) -> tuple[float, int]:
     """(summed NLL, target tokens) over `examples`, without gradients; the mean NLL per target
     token is their ratio, and sums from several ranks add up to the whole set's."""
     total, tokens = 0.0, 0
-    chunk = micro_batch_size * EVAL_MICRO_BATCHES_PER_FORWARD
+    spec = MicroBatchSpec.of(micro_batch_size)
+    chunk = spec.size * EVAL_MICRO_BATCHES_PER_FORWARD if spec.size else EVAL_EXAMPLES_PER_TOKEN_BUDGET_FORWARD
     for start in range(0, len(examples), chunk):
         batch = sft_batch(examples[start:start + chunk], pad_token_id)
         log_probs = engine.forward(batch, micro_batch_size).log_probs

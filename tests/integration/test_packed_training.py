@@ -71,6 +71,13 @@ def test_log_probs_and_entropy_equal_the_padded_unfused_ones(model_dirs, batch, 
         assert logits.shape == (*batch.input_ids.shape, 128)
 
 
+def test_fused_log_probs_refuse_a_model_that_rescales_its_logits(model_dirs, batch):
+    model = AutoModelForCausalLM.from_pretrained(model_dirs["llama"])
+    model.config.final_logit_softcapping = 30.0  # as Gemma 2 does after its LM head
+    with pytest.raises(ValueError, match="final_logit_softcapping.*use_fused_kernels=false"):
+        compute_response_log_probs(model, batch, fused=True)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_critic_values_equal_the_padded_ones(model_dirs, batch, arch):
     padded = FSDPEngine(engine_options(model_dirs[arch], role="critic")).forward(batch, 4).values

@@ -83,3 +83,8 @@ def test_partition_is_near_optimal_on_random_lengths():
 def test_a_batch_that_does_not_divide_is_refused_with_the_keys_to_change():
     with pytest.raises(ValueError, match="cannot split 6 samples into 4 data-parallel chunks.*trainer.balance_batch=False"):
         balanced_permutation([1] * 6, 4)
+
+
+def test_an_already_balanced_order_is_kept():
+    lengths = [1, 1, 5, 2, 3, 2]  # chunks 1+1+5 and 2+3+2: equal already
+    assert balanced_permutation(lengths, 2) == list(range(6))

@@ -96,3 +96,12 @@ def test_tilde_resets_a_key_of_an_optional_section_to_its_class_default(tmp_path
     assert cfg.model.megatron.tensor_model_parallel_size == 1
     assert cfg.model.megatron.virtual_pipeline_model_parallel_size is None
     assert cfg.model.megatron.pipeline_model_parallel_size == 2
+
+
+def test_token_budget_micro_batches_replace_the_count_arithmetic():
+    # 102 is no multiple of micro-batch 4; with a token budget only the data-parallel split matters.
+    assert load_sft(["data.train_batch_size=102", "data.use_dynamic_bsz=true"]).data.use_dynamic_bsz
+    with pytest.raises(ConfigError, match="gradient_accumulation_steps.*use_dynamic_bsz"):
+        load_sft(["data.use_dynamic_bsz=true", "training.gradient_accumulation_steps=4"])
+    with pytest.raises(ConfigError, match="max_token_len_per_gpu"):
+        load_sft(["data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=0"])
