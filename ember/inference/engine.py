@@ -105,8 +105,12 @@ class LLMEngine:
             self.config.dtype,
         )
         hf_config = self.model.config
+        intermediate = getattr(hf_config, "intermediate_size", 0) or 0
+        if any(self.model.spec.sparse_layers):  # every token runs top-k experts (plus a shared one)
+            routed = hf_config.num_experts_per_tok * hf_config.moe_intermediate_size
+            intermediate = max(intermediate, routed + (getattr(hf_config, "shared_expert_intermediate_size", 0) or 0))
         reserved = activation_reserve_bytes(
-            hf_config.hidden_size, getattr(hf_config, "intermediate_size", 0) or 0, hf_config.vocab_size,
+            hf_config.hidden_size, intermediate, hf_config.vocab_size,
             self.config.max_num_batched_tokens, self.config.max_num_seqs, self.config.dtype,
         )
         blocks = num_kv_blocks_for_memory(
