@@ -68,3 +68,17 @@ def test_an_offloaded_actor_is_copied_not_shared(inputs, tmp_path):
             torch.testing.assert_close(engine_parameters[name], tensor, rtol=0, atol=0)
     finally:
         close(trainer)
+
+
+def test_remax_and_validation_wake_the_engine_that_training_put_to_sleep(inputs, tmp_path):
+    trainer = build_trainer(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.rollout.name=ember",
+                                          "algorithm.adv_estimator=remax", "trainer.total_training_steps=2",
+                                          "trainer.val_before_train=True", "trainer.test_freq=1"))
+    try:
+        trainer.fit()
+        # free_cache_engine (the default): the cache is given back after every generation phase.
+        assert trainer.rollout_asleep and not trainer.parts.rollout.engine.kv_cache.is_allocated
+    finally:
+        close(trainer)
+    metrics = metrics_by_step(tmp_path / "run")
+    assert all_finite(metrics[step]["actor/pg_loss"] for step in (1, 2))
