@@ -38,8 +38,9 @@ def log_prob_and_entropy_loss(output: ModelOutput, batch: Batch,
 
 
 def train_once(engine: FSDPEngine, batch: Batch, micro_batch_size) -> dict[str, float]:
+    """One update at a sampling temperature other than 1, so its place in every gradient is checked too."""
     return engine.train_mini_batch(batch, log_prob_and_entropy_loss, micro_batch_size,
-                                   compute_entropy=True, entropy_grad=True)
+                                   compute_entropy=True, entropy_grad=True, temperature=0.7)
 
 
 def main(model_dir: str, out_dir: str) -> None:
