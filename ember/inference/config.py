@@ -22,7 +22,10 @@ class EngineConfig:
     max_num_seqs: int = 256
     """Most sequences decoded at once (the continuous-batching slots)."""
     max_num_batched_tokens: int = 8192
-    """Most prompt tokens one prefill step processes; must be at least max_model_len (no chunked prefill)."""
+    """Most prompt tokens one prefill step processes (a longer prompt is prefilled in chunks)."""
+    enable_chunked_prefill: bool = True
+    """Split a prompt that does not fit the step's token budget over several steps; off, the
+    budget must hold max_model_len tokens."""
     block_size: int = 16
     """Tokens per KV-cache block."""
     num_kv_blocks: int | None = None
@@ -42,11 +45,11 @@ class EngineConfig:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "decode_window"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine {name}={getattr(self, name)}: set it to at least 1")
-        if self.max_num_batched_tokens < self.max_model_len:
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise ValueError(
                 f"engine max_num_batched_tokens={self.max_num_batched_tokens} is below max_model_len="
-                f"{self.max_model_len}: a sequence is prefilled in one step, so raise max_num_batched_tokens "
-                f"(rollout.max_num_batched_tokens) or lower max_model_len"
+                f"{self.max_model_len}: without chunked prefill a sequence is prefilled in one step, so raise "
+                f"max_num_batched_tokens (rollout.max_num_batched_tokens), lower max_model_len or enable chunked prefill"
             )
         if self.num_kv_blocks is not None and self.num_kv_blocks * self.block_size < self.max_model_len:
             raise ValueError(

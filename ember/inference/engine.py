@@ -144,6 +144,8 @@ class LLMEngine:
         """Prefill the step's prompts and draw each sequence's next token: one token and log-prob per sequence."""
         logits = self.runner.prefill(step)
         stepped = step.sequences
+        if not stepped:  # a chunk of a longer prompt: nothing to sample yet
+            return [], []
         seeds = torch.tensor([sequence.seed for sequence in stepped], device=self.device)
         positions = torch.tensor([len(sequence) for sequence in stepped], device=self.device)
         tokens, log_probs = sample_next_tokens(logits, sampling, seeds, positions)

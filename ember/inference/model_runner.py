@@ -1,9 +1,10 @@
 """ModelRunner: runs a prefill step: the new prompts' tokens through the model, next-token logits out.
 
-Each group's tokens are computed once (into the first sample's blocks), then the partial
-last block is copied to the other samples' own blocks; the logits rows repeat per sample,
-so each sample draws its own first token. The result has one logits row per sequence of
-`ScheduledStep.sequences`. Decode steps run in `decode_runner.py`.
+Each group's tokens are computed once (into the first sample's blocks), in one step or in
+chunks over several (chunked prefill: a chunk attends to the group's tokens cached by the
+earlier chunks); once the last chunk is in, the partial last block is copied to the other
+samples' own blocks and the logits rows repeat per sample, so each sample draws its own
+first token. Decode steps run in `decode_runner.py`.
 """
 
 from __future__ import annotations
@@ -31,26 +32,32 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, step: ScheduledStep) -> Tensor:
-        """Next-token logits (sequences, vocab), one row per sequence of `step.sequences`."""
-        leaders = [group[0] for group in step.groups]
-        token_ids = [token for leader in leaders for token in leader.token_ids]
-        positions = [position for leader in leaders for position in range(len(leader))]
-        slots = [self.block_manager.slot(leader, position) for leader in leaders for position in range(len(leader))]
+        """Next-token logits (sequences, vocab), one row per sequence of `step.sequences` (the groups
+        whose prompt this step completes; a chunk that stops short of its group's end samples nothing)."""
+        chunks = step.chunks
+        leaders = [chunk.group[0] for chunk in chunks]
+        token_ids = [token for chunk in chunks for token in chunk.group[0].token_ids[chunk.start : chunk.start + chunk.length]]
+        positions = [position for chunk in chunks for position in range(chunk.start, chunk.start + chunk.length)]
+        slots = [
+            self.block_manager.slot(chunk.group[0], position)
+            for chunk in chunks
+            for position in range(chunk.start, chunk.start + chunk.length)
+        ]
         block_width = max(len(leader.block_table) for leader in leaders)
         inputs = AttentionInputs(
             slot_mapping=self._tensor(slots),
-            query_lengths=self._tensor([len(leader) for leader in leaders]),
-            context_lengths=self._tensor([len(leader) for leader in leaders]),
+            query_lengths=self._tensor([chunk.length for chunk in chunks]),
+            context_lengths=self._tensor([chunk.start + chunk.length for chunk in chunks]),
             block_tables=self._tensor([leader.block_table + [0] * (block_width - len(leader.block_table)) for leader in leaders]),
             block_size=self.block_manager.block_size,
             is_decode=False,
         )
         self.prefill_tokens_computed += len(token_ids)
         hidden = self.model(self._tensor(token_ids), self._tensor(positions), self.kv_cache.layers, inputs)
-        last_rows = torch.cumsum(inputs.query_lengths, 0) - 1
-        logits = self.model.logits(hidden[last_rows])
         self.kv_cache.copy_blocks(step.block_copies)
-        group_sizes = self._tensor([len(group) for group in step.groups])
+        last_rows = (torch.cumsum(inputs.query_lengths, 0) - 1)[self._tensor([chunk.completes for chunk in chunks]).bool()]
+        logits = self.model.logits(hidden[last_rows])
+        group_sizes = self._tensor([len(chunk.group) for chunk in chunks if chunk.completes])
         return logits.repeat_interleave(group_sizes, dim=0)
 
     def _tensor(self, values: list) -> Tensor:

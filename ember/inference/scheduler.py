@@ -24,18 +24,37 @@ from ember.inference.config import EngineConfig
 from ember.inference.sequence import Sequence, SequenceStatus
 
 
+@dataclass(frozen=True)
+class PrefillChunk:
+    """Tokens start .. start + length - 1 of a group's shared tokens, computed once for all its sequences."""
+
+    group: list[Sequence]
+    start: int
+    length: int
+
+    @property
+    def completes(self) -> bool:
+        """Whether this chunk reaches the group's last token (its sequences then sample)."""
+        return self.start + self.length == len(self.group[0])
+
+
 @dataclass
 class ScheduledStep:
     """What one engine step computes."""
 
     is_prefill: bool
-    """True: prefill `groups` (each computed once for all its sequences); False: decode `sequences`."""
-    groups: list[list[Sequence]] = field(default_factory=list)
-    """Prefill only: sequences sharing the same tokens, computed once per group."""
+    """True: prefill `chunks`; False: decode `decode_sequences`."""
+    chunks: list[PrefillChunk] = field(default_factory=list)
+    """Prefill only: the token ranges computed, one per group; only the last may stop short of its group's end."""
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     """Prefill only: (source, destination) KV blocks to copy after the forward (a sample's own partial block)."""
     decode_sequences: list[Sequence] = field(default_factory=list)
     """Decode only: sequences that each get the window's new tokens (slots reserved for all of them)."""
+
+    @property
+    def groups(self) -> list[list[Sequence]]:
+        """Prefill only: the groups whose prompt this step completes (they sample their first token)."""
+        return [chunk.group for chunk in self.chunks if chunk.completes]
 
     @property
     def sequences(self) -> list[Sequence]:
@@ -53,6 +72,9 @@ class Scheduler:
         self.block_manager = block_manager
         self.waiting: deque[list[Sequence]] = deque()
         self.running: list[Sequence] = []
+        self.partial: PrefillChunk | None = None
+        """The group part-way through a chunked prefill (holding its blocks), and the chunk computed last."""
+        self._partial_copies: list[tuple[int, int]] = []
 
     def add_group(self, group: list[Sequence]) -> None:
         """Queue the samples of one prompt; more than `max_num_seqs` samples are queued as several groups."""
@@ -60,13 +82,13 @@ class Scheduler:
             self.waiting.append(group[start : start + self.config.max_num_seqs])
 
     def is_finished(self) -> bool:
-        """Whether no sequence waits or runs."""
-        return not self.waiting and not self.running
+        """Whether no sequence waits, is being prefilled or runs."""
+        return not self.waiting and not self.running and self.partial is None
 
     def schedule(self, lookahead: int = 1) -> ScheduledStep:
         """The next step: a prefill of the waiting groups that fit, else a decode window of `lookahead` steps."""
         step = self._schedule_prefill()
-        if step.groups:
+        if step.chunks:
             return step
         if not self.running:
             group = self.waiting[0]
@@ -78,27 +100,45 @@ class Scheduler:
         return self._schedule_decode(lookahead)
 
     def _schedule_prefill(self) -> ScheduledStep:
+        """Prompt tokens up to `max_num_batched_tokens`: the part-prefilled group first, then whole
+        waiting groups; with chunked prefill the last group admitted may get only the budget left."""
         step = ScheduledStep(is_prefill=True)
-        num_tokens = 0
-        num_sequences = len(self.running)
-        while self.waiting:
+        budget = self.config.max_num_batched_tokens
+        if self.partial is not None:
+            group, start = self.partial.group, self.partial.start + self.partial.length
+            budget -= self._add_chunk(step, group, start, min(len(group[0]) - start, budget), self._partial_copies)
+        num_sequences = len(self.running) + (len(self.partial.group) if self.partial else 0)
+        while self.waiting and budget > 0 and self.partial is None:
             group = self.waiting[0]
             fits = (
                 num_sequences + len(group) <= self.config.max_num_seqs
-                and num_tokens + len(group[0]) <= self.config.max_num_batched_tokens
+                and (len(group[0]) <= budget or self.config.enable_chunked_prefill)
                 and self.block_manager.can_allocate_group(group)
             )
             if not fits:
                 break
             self.waiting.popleft()
-            step.block_copies += self.block_manager.allocate_group(group)
+            copies = self.block_manager.allocate_group(group)
+            budget -= self._add_chunk(step, group, 0, min(len(group[0]), budget), copies)
+            num_sequences += len(group)
+        return step
+
+    def _add_chunk(
+        self, step: ScheduledStep, group: list[Sequence], start: int, length: int, copies: list[tuple[int, int]]
+    ) -> int:
+        """Schedule tokens start .. start + length - 1 of `group`; a completed group starts running
+        (its samples' own copies of the shared last block are made after this step). Returns `length`."""
+        chunk = PrefillChunk(group, start, length)
+        step.chunks.append(chunk)
+        if chunk.completes:
+            step.block_copies += copies
             for sequence in group:
                 sequence.status = SequenceStatus.RUNNING
             self.running += group
-            step.groups.append(group)
-            num_tokens += len(group[0])
-            num_sequences += len(group)
-        return step
+            self.partial, self._partial_copies = None, []
+        else:
+            self.partial, self._partial_copies = chunk, copies
+        return length
 
     def _schedule_decode(self, lookahead: int) -> ScheduledStep:
         scheduled: list[Sequence] = []

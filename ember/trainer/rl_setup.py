@@ -173,8 +173,11 @@ def micro_batch_spec(use_dynamic_bsz: bool, max_token_len: int, micro_batch_size
 def engine_config(rollout) -> EngineConfig:
     """ember's generation engine sized from `actor_rollout_ref.rollout`."""
     max_model_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
-    return EngineConfig(max_model_len=max_model_len, max_num_seqs=rollout.max_num_seqs,
-                        max_num_batched_tokens=max(rollout.max_num_batched_tokens, max_model_len),
+    budget = rollout.max_num_batched_tokens
+    if not rollout.enable_chunked_prefill:  # then one step must hold a whole sequence
+        budget = max(budget, max_model_len)
+    return EngineConfig(max_model_len=max_model_len, max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=budget,
+                        enable_chunked_prefill=rollout.enable_chunked_prefill,
                         gpu_memory_utilization=rollout.gpu_memory_utilization,
                         dtype=resolve_dtype(compute_dtype(rollout.dtype)), device=str(current_device()),
                         use_cuda_graphs=not rollout.enforce_eager)

@@ -131,6 +131,18 @@ def test_decode_windows_give_the_tokens_of_single_steps_through_stops_and_preemp
     assert windowed_engine.block_manager.num_free_blocks == 24
 
 
+def test_chunked_prefill_gives_the_tokens_of_whole_prefills():
+    model = tiny_model("llama")
+    engine = engine_for(model, max_num_seqs=3, max_num_batched_tokens=3)  # prompts of up to 9 tokens: 3 chunks
+    sampling = SamplingParams(n=2, temperature=0.8, max_new_tokens=12, seed=2)
+    chunked = engine.generate(PROMPTS, sampling)
+    whole = engine_for(model, max_num_seqs=3).generate(PROMPTS, sampling)
+    assert engine.prefill_tokens_computed == sum(len(p) for p in PROMPTS)  # each prompt computed once
+    assert [o.generated_token_ids for o in chunked] == [o.generated_token_ids for o in whole]
+    greedy = engine.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=16))
+    assert [o.generated_token_ids for o in greedy] == [hf_greedy(model, p, 16) for p in PROMPTS]
+
+
 def test_sampled_log_probs_equal_teacher_forced_log_softmax_of_scaled_logits():
     model = tiny_model("qwen2")
     sampling = SamplingParams(n=2, temperature=0.7, top_k=20, top_p=0.9, max_new_tokens=24, seed=1)

@@ -92,3 +92,21 @@ def test_a_group_the_whole_cache_cannot_hold_fails_naming_the_setting():
 def test_config_refuses_a_cache_smaller_than_one_sequence():
     with pytest.raises(ValueError, match="raise num_kv_blocks"):
         EngineConfig(max_model_len=32, max_num_batched_tokens=32, block_size=4, num_kv_blocks=7)
+
+
+def test_a_prompt_over_the_token_budget_is_prefilled_in_chunks_and_runs_once_complete():
+    scheduler = make_scheduler(max_num_batched_tokens=4)
+    long_group, short_group = group(0, 9, n=2), group(2, 3)
+    scheduler.add_group(long_group)
+    scheduler.add_group(short_group)
+    steps = [scheduler.schedule() for _ in range(3)]
+    assert [[(c.start, c.length) for c in step.chunks] for step in steps] == [[(0, 4)], [(4, 4)], [(8, 1), (0, 3)]]
+    assert [step.sequences for step in steps[:2]] == [[], []]  # nothing samples until a prompt is complete
+    assert steps[2].sequences == long_group + short_group
+    assert steps[2].block_copies and not steps[0].block_copies  # the second sample's own last block, at the end
+    assert scheduler.running == long_group + short_group and scheduler.partial is None
+
+
+def test_without_chunked_prefill_the_budget_must_hold_a_whole_sequence():
+    with pytest.raises(ValueError, match="chunked prefill"):
+        EngineConfig(max_model_len=32, max_num_batched_tokens=16, enable_chunked_prefill=False)
