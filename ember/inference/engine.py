@@ -156,14 +156,14 @@ class LLMEngine:
     ) -> None:
         """Append each sequence's new tokens up to its first stop token or its token budget, finishing it there."""
         for sequence, new_tokens, new_log_probs in zip(sequences, tokens, log_probs, strict=True):
-            for token, log_prob in zip(new_tokens, new_log_probs):
-                sequence.append(token, log_prob)
-                if token in stop_token_ids:
-                    self.scheduler.finish(sequence, "stop")
-                    break
-                if sequence.num_generated >= sequence.max_new_tokens:
-                    self.scheduler.finish(sequence, "length")
-                    break
+            budget = sequence.max_new_tokens - sequence.num_generated
+            kept, reason = min(len(new_tokens), budget), "length"
+            stop = next((i for i, token in enumerate(new_tokens[:kept]) if token in stop_token_ids), None)
+            if stop is not None:
+                kept, reason = stop + 1, "stop"
+            sequence.extend(new_tokens[:kept], new_log_probs[:kept])
+            if reason == "stop" or kept == budget:
+                self.scheduler.finish(sequence, reason)
 
     def _admit(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Sequence]:
         """Check the prompts fit, make their sequences and queue them, one group per prompt."""

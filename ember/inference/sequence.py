@@ -57,3 +57,8 @@ class Sequence:
         """Record one sampled token and its log-prob."""
         self.token_ids.append(token_id)
         self.log_probs.append(log_prob)
+
+    def extend(self, token_ids: list[int], log_probs: list[float]) -> None:
+        """Record sampled tokens and their log-probs, in order."""
+        self.token_ids += token_ids
+        self.log_probs += log_probs
