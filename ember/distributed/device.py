@@ -67,6 +67,14 @@ def init_distributed() -> None:
         dist.init_process_group(backend(), store=dist.HashStore(), rank=0, world_size=1, device_id=bound_device)
 
 
+def shutdown_distributed() -> None:
+    """Leave the process group together: a barrier, then its destruction. Tearing a group down
+    while another rank still uses it, or leaving it to interpreter exit, can abort the process."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def is_distributed() -> bool:
     """Whether a torch.distributed process group exists (possibly of one rank)."""
     return dist.is_available() and dist.is_initialized()

@@ -31,7 +31,7 @@ from ember.config.schema import SFTConfig
 from ember.config.schema.sft import SFTOptimConfig
 from ember.data.prompt_loader import PromptLoader
 from ember.data.sft_dataset import SFTDataset, SFTExample
-from ember.distributed.device import current_device, init_distributed, rank, world_size
+from ember.distributed.device import current_device, init_distributed, rank, shutdown_distributed, world_size
 from ember.engines.base import MicroBatchSpec
 from ember.engines.optim import OptimOptions
 from ember.trainer.checkpoint import CheckpointManager
@@ -244,6 +244,8 @@ def run_sft(cfg: SFTConfig) -> int:
         trainer.fit()
     finally:
         trainer.logger.close()
+    if world_size() > 1:  # one-rank groups of library callers (tests, notebooks) stay for their next engine
+        shutdown_distributed()
     return 0
 
 

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ember.data.batch import Batch
-from ember.distributed.device import current_device
+from ember.distributed.device import current_device, shutdown_distributed
 from ember.engines.base import LossContext, ModelOutput
 from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
 from ember.engines.optim import OptimOptions
@@ -81,7 +81,7 @@ def main(model_dir: str, out_dir: str) -> None:
     if rank == 0:
         torch.save({"log_probs": torch.cat(gathered).cpu(), "metrics": metrics, "weights": weights},
                    os.path.join(out_dir, "result.pt"))
-    torch.distributed.destroy_process_group()
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

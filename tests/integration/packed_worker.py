@@ -17,7 +17,7 @@ import torch
 from fsdp_engine_worker import GRADIENT_REVEALING_OPTIM, engine_options, full_weights, make_batch
 
 from ember.data.batch import Batch
-from ember.distributed.device import current_device
+from ember.distributed.device import current_device, shutdown_distributed
 from ember.engines.base import LossContext, ModelOutput
 from ember.engines.fsdp.engine import FSDPEngine
 
@@ -59,7 +59,7 @@ def main(model_dir: str, out_dir: str) -> None:
     weights = full_weights(engine)
     if rank == 0:
         torch.save({**gathered, "metrics": metrics, "weights": weights}, os.path.join(out_dir, "result.pt"))
-    torch.distributed.destroy_process_group()
+    shutdown_distributed()
 
 
 if __name__ == "__main__":

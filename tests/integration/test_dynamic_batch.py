@@ -25,6 +25,7 @@ from fsdp_engine_worker import (
 )
 
 from ember.algorithms import ClipConfig
+from ember.distributed.device import shutdown_distributed
 from ember.engines.base import MicroBatchSpec
 from ember.engines.fsdp.engine import FSDPEngine
 from ember.engines.micro_batches import min_micro_batch_count, plan_micro_batches
@@ -162,7 +163,7 @@ def run_rank(model_dir: str, out_dir: str) -> None:
     if rank == 0:
         torch.save({"log_probs": torch.cat(gathered), "metrics": metrics, "weights": weights},
                    os.path.join(out_dir, "result.pt"))
-    torch.distributed.destroy_process_group()
+    shutdown_distributed()
 
 
 if __name__ == "__main__":
