@@ -18,11 +18,24 @@ import torch
 import torch.distributed as dist
 
 _BACKEND_OF_DEVICE = {"cuda": "nccl", "npu": "hccl", "xpu": "xccl", "cpu": "gloo"}
+_requested_device = "auto"
+
+
+def request_device(name: str) -> None:
+    """Use device type `name` (trainer.device): "auto" = the machine's accelerator, else the CPU;
+    "cpu" even where an accelerator exists; an accelerator type only where this machine has it."""
+    global _requested_device
+    machine = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
+    if name not in ("auto", "cpu", machine):
+        raise ValueError(f"trainer.device={name}, but this machine's device is {machine}: "
+                         f"set trainer.device=auto (or {machine}, or cpu)")
+    _requested_device = name
 
 
 def device_type() -> str:
-    """The accelerator type of this machine ("cuda", "npu", ...), or "cpu" without one."""
-    if torch.accelerator.is_available():
+    """The device type this process computes on: the machine's accelerator ("cuda", "npu", ...),
+    or "cpu" without one or when trainer.device=cpu asked for it (`request_device`)."""
+    if _requested_device != "cpu" and torch.accelerator.is_available():
         return torch.accelerator.current_accelerator().type
     return "cpu"
 

@@ -29,7 +29,7 @@ from ember.trainer.experience import generate_experience, score_experience, toke
 from ember.trainer.faults import NonFiniteGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.metrics import compute_data_metrics, compute_timing_metrics, timed
-from ember.trainer.rl_setup import RLComponents, build_components
+from ember.trainer.rl_setup import RLComponents, build_components, use_configured_device
 from ember.trainer.run_state import load_run_state, save_run_state
 from ember.trainer.summary import finish_rl_run
 from ember.trainer.validation import validate, validation_sampling
@@ -259,6 +259,7 @@ def _barrier() -> None:
 def run_rl(cfg: EmberConfig) -> int:
     """`ember train`: trains the configured run to its end (or a requested stop)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    use_configured_device(cfg.trainer.device)
     trainer = RLTrainer(cfg, build_components(cfg))
     try:
         trainer.fit()

@@ -18,7 +18,7 @@ from ember.config import ConfigError
 from ember.config.schema import EmberConfig
 from ember.data.prompt_loader import PromptLoader
 from ember.data.rl_dataset import RLDataset
-from ember.distributed.device import current_device, device_type
+from ember.distributed.device import current_device, device_type, request_device
 from ember.engines.base import MicroBatchSpec
 from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
 from ember.engines.optim import OptimOptions
@@ -47,6 +47,14 @@ class RLComponents:
     reward_manager: RewardManager
     eos_token_ids: list[int]
     total_steps: int
+
+
+def use_configured_device(name: str) -> None:
+    """Compute on `trainer.device` (auto, cpu, or this machine's accelerator type); any other is a config error."""
+    try:
+        request_device(name)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def compute_dtype(configured: str) -> str:

@@ -40,7 +40,7 @@ from ember.trainer.command_line import (OVERRIDE_HELP, RunPlan, add_config_argum
 from ember.trainer.faults import NonFiniteGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.plot import plot_curves
-from ember.trainer.rl_setup import build_engine
+from ember.trainer.rl_setup import build_engine, use_configured_device
 from ember.trainer.run_state import load_run_state, save_run_state
 from ember.trainer.sft_step import sft_eval_sums, sft_update
 
@@ -235,6 +235,7 @@ def check_sft_config(cfg: SFTConfig) -> None:
 def run_sft(cfg: SFTConfig) -> int:
     """`ember sft`: fine-tunes the configured model to the end of the run (or a requested stop)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    use_configured_device(cfg.trainer.device)
     init_distributed()
     check_sft_config(cfg)
     if cfg.model.external_lib:
