@@ -17,6 +17,7 @@ attention sinks) are refused rather than ignored.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 
@@ -105,11 +106,17 @@ def _restarts(position_ids: Tensor | None) -> bool:
     return position_ids is not None and bool((position_ids[0, 1:] == 0).any())
 
 
-def _causal_arguments(scale: float | None, sliding_window: int | None, head_dim: int) -> dict:
-    """Causal (and windowed) masking in the form this PyTorch's varlen_attn takes."""
+@functools.cache
+def _varlen_parameters() -> frozenset[str]:
+    """The keyword names this PyTorch's varlen_attn takes (read once, not per layer call)."""
     from torch.nn.attention.varlen import varlen_attn
 
-    parameters = inspect.signature(varlen_attn).parameters
+    return frozenset(inspect.signature(varlen_attn).parameters)
+
+
+def _causal_arguments(scale: float | None, sliding_window: int | None, head_dim: int) -> dict:
+    """Causal (and windowed) masking in the form this PyTorch's varlen_attn takes."""
+    parameters = _varlen_parameters()
     arguments = {"scale": scale} if "scale" in parameters else {}
     if "scale" not in parameters and scale is not None and abs(scale - head_dim**-0.5) > 1e-9:
         raise NotImplementedError("this PyTorch's varlen attention takes no custom scale: set attn_implementation=sdpa")

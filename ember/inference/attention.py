@@ -42,23 +42,25 @@ class AttentionInputs:
         return 1 if self.is_decode else int(self.query_lengths.max())
 
     @cached_property
+    def _query_offsets(self) -> Tensor:
+        """(1, most queries) 0, 1, 2, ...: a query row's offset within its sequence's step."""
+        return torch.arange(self._most_queries, device=self.query_lengths.device)[None, :]
+
+    @cached_property
     def query_valid(self) -> Tensor:
         """(sequences, most queries) which padded query rows are real tokens."""
-        offsets = torch.arange(self._most_queries, device=self.query_lengths.device)
-        return offsets[None, :] < self.query_lengths[:, None]
+        return self._query_offsets < self.query_lengths[:, None]
 
     @cached_property
     def query_index(self) -> Tensor:
         """(sequences, most queries) index of each padded query row in the flat tokens (0 for padding)."""
-        offsets = torch.arange(self._most_queries, device=self.query_lengths.device)
         query_starts = torch.cumsum(self.query_lengths, 0) - self.query_lengths
-        return torch.where(self.query_valid, query_starts[:, None] + offsets[None, :], 0)
+        return torch.where(self.query_valid, query_starts[:, None] + self._query_offsets, 0)
 
     @cached_property
     def query_positions(self) -> Tensor:
         """(sequences, most queries) position of each query token in its sequence."""
-        offsets = torch.arange(self._most_queries, device=self.query_lengths.device)
-        return (self.context_lengths - self.query_lengths)[:, None] + offsets[None, :]
+        return (self.context_lengths - self.query_lengths)[:, None] + self._query_offsets
 
     def mask(self, sliding_window: int | None) -> Tensor:
         """(sequences, 1, most queries, most keys) which cached keys each query may attend to."""

@@ -9,6 +9,8 @@ first token. Decode steps run in `decode_runner.py`.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import Tensor
 
@@ -55,8 +57,9 @@ class ModelRunner:
         self.prefill_tokens_computed += len(token_ids)
         hidden = self.model(self._tensor(token_ids), self._tensor(positions), self.kv_cache.layers, inputs)
         self.kv_cache.copy_blocks(step.block_copies)
-        last_rows = (torch.cumsum(inputs.query_lengths, 0) - 1)[self._tensor([chunk.completes for chunk in chunks]).bool()]
-        logits = self.model.logits(hidden[last_rows])
+        chunk_ends = itertools.accumulate(chunk.length for chunk in chunks)
+        last_rows = [end - 1 for chunk, end in zip(chunks, chunk_ends) if chunk.completes]
+        logits = self.model.logits(hidden[self._tensor(last_rows)])
         group_sizes = self._tensor([len(chunk.group) for chunk in chunks if chunk.completes])
         return logits.repeat_interleave(group_sizes, dim=0)
 

@@ -56,11 +56,6 @@ def truncated_scores(logits: Tensor, temperature: float, top_k: int, top_p: floa
     return scaled
 
 
-def truncated_probabilities(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
-    """The distribution a token is drawn from: softmax of `truncated_scores`."""
-    return truncated_scores(logits, temperature, top_k, top_p).softmax(dim=-1)
-
-
 def sample_next_tokens(logits: Tensor, sampling: SamplingParams, seeds: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
     """Next token of each row of `logits` (rows, vocab) and its rollout log-prob; both (rows,).
 

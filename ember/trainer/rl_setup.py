@@ -162,14 +162,6 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         optimizer_offload=fsdp_config.optimizer_offload, seed=seed, optim=optim or OptimOptions()))
 
 
-def actor_sends_live_weights(engine: FSDPEngine) -> bool:
-    """Whether `named_parameters_for_sync` yields the parameters themselves: one rank, no offload,
-    stored and compute dtype equal. Anything else sends fresh tensors, which must be copied."""
-    options = engine.options
-    return (engine.dp_size == 1 and not options.param_offload
-            and resolve_dtype(options.model_dtype) == resolve_dtype(options.param_dtype))
-
-
 def micro_batch_spec(use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None,
                      default_size: int) -> MicroBatchSpec:
     """A token budget with dynamic batch size, else the configured sample count (null: `default_size`)."""
@@ -256,7 +248,7 @@ def build_components(cfg: EmberConfig) -> RLComponents:
     rollout = build_rollout(arr.rollout.name, actor_engine.module(), tokenizer.pad_token_id,
                             max_batch_size=arr.rollout.max_num_seqs, model_path=model_path,
                             engine_config=engine_config(arr.rollout) if arr.rollout.name == "ember" else None)
-    if arr.rollout.name == "ember" and actor_sends_live_weights(actor_engine):
+    if arr.rollout.name == "ember" and actor_engine.syncs_live_parameters:
         rollout.share_training_weights()  # the actor's tensors themselves become the engine's weights
     reward = cfg.reward_model
     spec = resolve_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name,

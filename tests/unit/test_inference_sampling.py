@@ -5,12 +5,17 @@ import math
 import torch
 
 from ember.inference.hashing import gumbel_noise, row_keys
-from ember.inference.sampling import sample_next_tokens, sequence_seed, truncated_probabilities
+from ember.inference.sampling import sample_next_tokens, sequence_seed, truncated_scores
 from ember.rollout.base import SamplingParams
 
 # Probabilities 0.5, 0.25, 0.125, 0.125 at temperature 1.
 LOGITS = torch.log(torch.tensor([[0.125, 0.5, 0.125, 0.25]]))
 ZERO = torch.zeros(1, dtype=torch.long)
+
+
+def truncated_probabilities(logits, temperature, top_k, top_p):
+    """The distribution a token is drawn from: softmax of the truncated, scaled scores."""
+    return truncated_scores(logits, temperature, top_k, top_p).softmax(dim=-1)
 
 
 def test_top_k_keeps_the_k_most_likely_tokens_renormalised():

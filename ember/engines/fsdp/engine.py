@@ -221,11 +221,21 @@ class FSDPEngine(TrainEngine):
 
     # --- weights out -------------------------------------------------------------------------
 
+    @property
+    def syncs_live_parameters(self) -> bool:
+        """Whether `named_parameters_for_sync` yields the parameters themselves, at addresses that
+        stay put (one rank, stored dtype = compute dtype, no parameter offload): a rollout engine
+        may then share them instead of copying."""
+        options = self.options
+        return (self.dp_size == 1 and not options.param_offload
+                and resolve_dtype(options.model_dtype) == resolve_dtype(options.param_dtype))
+
     def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
         """Full weights in the compute dtype (`param_dtype`), tied weights once, under HF names.
 
         Where no gather or cast is needed (one rank, compute dtype = stored dtype) the
-        tensors are the live parameters themselves: copy what must outlive the next update.
+        tensors are the live parameters themselves (`syncs_live_parameters`): copy what must
+        outlive the next update.
         """
         dtype = resolve_dtype(self.options.param_dtype)
         bucket: list[tuple[str, Tensor]] = []
