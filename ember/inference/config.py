@@ -40,6 +40,9 @@ class EngineConfig:
     """Decode steps run on the device between two scheduling rounds (a finished slot is refilled after the window)."""
     use_cuda_graphs: bool = True
     """On CUDA, replay each decode step as a captured graph (rollout.enforce_eager=false); ignored elsewhere."""
+    fuse_projections: bool | None = None
+    """Compute q/k/v and gate/up as one matrix product each (fewer kernels per step); None = on CUDA only.
+    Fused weights are the engine's own: a training engine's live tensors fill them by copy, not by sharing."""
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "decode_window"):

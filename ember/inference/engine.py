@@ -45,7 +45,8 @@ class LLMEngine:
         self.config = config
         self.device = torch.device(config.device)
         # A decode window may run a finished sequence a few positions past max_model_len.
-        self.model = build_model(hf_config, config.max_model_len + config.decode_window, config.dtype, self.device)
+        fuse = config.fuse_projections if config.fuse_projections is not None else self.device.type == "cuda"
+        self.model = build_model(hf_config, config.max_model_len + config.decode_window, config.dtype, self.device, fuse)
         load_weights(self.model, named_tensors, require_all=True)
         self.num_kv_blocks = config.num_kv_blocks or self._default_num_kv_blocks()
         if self.num_kv_blocks * config.block_size < config.max_model_len:

@@ -53,6 +53,32 @@ def test_paged_decode_kernel_equals_gathered_attention(dtype, window):
     torch.testing.assert_close(actual.float(), expected.float(), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rope_cache_kernel_equals_rotation_and_index_copies(dtype):
+    from ember.inference.attention import write_kv_cache
+    from ember.inference.kernels.rope_cache import rope_and_cache
+    from ember.inference.models.rope import RotaryEmbedding
+
+    torch.manual_seed(0)
+    heads, kv_heads, head_dim, tokens = 14, 2, 64, 300
+    rotary = RotaryEmbedding(head_dim, 4096, {"rope_theta": 1000000.0}).cuda()
+    rotary.reset_tables()
+    fused = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, device="cuda", dtype=dtype)  # strided q/k/v views
+    queries, keys, values = (part.unflatten(-1, (-1, head_dim))
+                             for part in fused.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1))
+    positions = torch.randint(0, 4096, (tokens,), device="cuda")
+    slots = torch.randperm(64 * 16, device="cuda")[:tokens]
+    caches = [torch.zeros(64, 16, kv_heads, head_dim, device="cuda", dtype=dtype) for _ in range(4)]
+    rotated = rope_and_cache(queries, keys, values, rotary.cos, rotary.sin, positions, caches[0], caches[1], slots)
+    expected_queries, expected_keys = rotary(positions, queries, keys)
+    write_kv_cache(expected_keys, values, caches[2], caches[3], slots)
+    one_ulp = 2**-7 if dtype == torch.bfloat16 else 2**-20  # FMA or not may round the last bit differently
+    torch.testing.assert_close(rotated, expected_queries, rtol=one_ulp, atol=1e-6)
+    torch.testing.assert_close(caches[0], caches[2], rtol=one_ulp, atol=1e-6)
+    assert torch.equal(caches[1], caches[3])
+    assert (rotated == expected_queries).float().mean() > 0.95
+
+
 def test_fused_sampling_kernel_draws_the_hashed_gumbel_argmax():
     from ember.inference.kernels.sample import fused_sample
 

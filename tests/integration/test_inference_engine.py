@@ -57,13 +57,15 @@ def teacher_forced_log_probs(model, prompt: list[int], response: list[int], temp
     return torch.log_softmax(logits / temperature, dim=-1).gather(-1, torch.tensor(response)[:, None])[:, 0]
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["separate", "fused-projections"])
 @pytest.mark.parametrize("arch", DENSE_ARCHS)
-def test_greedy_equals_transformers_generate_with_refilled_slots_and_small_blocks(arch):
-    model = tiny_model(arch)
+def test_greedy_equals_transformers_generate_with_refilled_slots_and_small_blocks(arch, fuse):
+    model = tiny_model(arch, attention_bias=True) if arch == "llama" else tiny_model(arch)  # llama: q/k/v/o biases too
     unstopped = hf_greedy(model, PROMPTS[0], 64)
     stop = unstopped[5]  # a token the first prompt emits after a few steps: it stops early, its slot is refilled
     expected = [hf_greedy(model, prompt, 64, stop_token_ids=(stop,)) for prompt in PROMPTS]
-    engine = engine_for(model)
+    engine = engine_for(model, fuse_projections=fuse)
+    assert bool(engine.model.fused_parameters) == fuse
 
     outputs = engine.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=64, stop_token_ids=(stop,)))
 
@@ -188,9 +190,10 @@ def test_seeded_samples_do_not_depend_on_batch_slots():
     assert [o.generated_token_ids for o in wide] == [o.generated_token_ids for o in narrow]
 
 
-def test_update_weights_switches_to_the_new_model_and_sleep_frees_the_cache():
+@pytest.mark.parametrize("fuse", [False, True], ids=["separate", "fused-projections"])
+def test_update_weights_switches_to_the_new_model_and_sleep_frees_the_cache(fuse):
     first, second = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
-    rollout = EmberRollout(engine_for(first))
+    rollout = EmberRollout(engine_for(first, fuse_projections=fuse))
     sampling = SamplingParams(do_sample=False, max_new_tokens=16)
     before = [output.token_ids for output in rollout.generate(PROMPTS[:3], sampling)]
     assert before == [hf_greedy(first, p, 16) for p in PROMPTS[:3]]
@@ -205,6 +208,23 @@ def test_update_weights_switches_to_the_new_model_and_sleep_frees_the_cache():
     after = [output.token_ids for output in rollout.generate(PROMPTS[:3], sampling)]
     assert after == [hf_greedy(second, p, 16) for p in PROMPTS[:3]]
     assert after != before
+
+
+def test_fused_projections_are_filled_by_copy_when_the_rest_is_shared():
+    model, source = tiny_model("qwen2", seed=0), tiny_model("qwen2", seed=1)
+    engine = engine_for(model, fuse_projections=True)
+    live = dict(source.named_parameters())
+    engine.load_weights(live.items(), share=True)
+    parameters = dict(engine.model.named_parameters())
+    fused = engine.model.fused_parameters
+    assert "model.layers.0.self_attn.k_proj.bias" in fused and "model.layers.1.mlp.up_proj.weight" in fused
+    for name, parameter in parameters.items():
+        assert (parameter.data_ptr() == live[name].data_ptr()) == (name not in fused), name
+        torch.testing.assert_close(parameter, live[name], rtol=0, atol=0)
+    attention = engine.model.model.layers[0].self_attn
+    assert attention.k_proj.weight.data_ptr() == attention.qkv_weight[attention.num_heads * attention.head_dim:].data_ptr()
+    outputs = engine.generate(PROMPTS[:3], SamplingParams(do_sample=False, max_new_tokens=16))
+    assert [output.generated_token_ids for output in outputs] == [hf_greedy(source, p, 16) for p in PROMPTS[:3]]
 
 
 def test_prompt_longer_than_max_model_len_fails_naming_the_setting():

@@ -40,11 +40,13 @@ def test_sparse_and_dense_layers_follow_the_hf_model(arch):
     assert True in ours and False in ours
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["separate", "fused-projections"])
 @pytest.mark.parametrize("arch", MOE_ARCHS)
-def test_greedy_equals_transformers_with_refilled_slots_from_named_parameters(arch):
+def test_greedy_equals_transformers_with_refilled_slots_from_named_parameters(arch, fuse):
     model = tiny_moe_model(arch)
     expected = [hf_greedy(model, prompt, 64) for prompt in PROMPTS]
-    engine = LLMEngine(model.config, model.named_parameters(), engine_config())  # 5 prompts, 2 slots
+    # 5 prompts, 2 slots; fused: q/k/v, and gate/up of dense layers and of Qwen2-MoE's shared expert
+    engine = LLMEngine(model.config, model.named_parameters(), engine_config(fuse_projections=fuse))
 
     outputs = engine.generate(PROMPTS, SamplingParams(do_sample=False, max_new_tokens=64))
 

@@ -8,17 +8,22 @@ and the training engine's tensors load by name.
 
 The forward works on flat tokens (all sequences of a step concatenated, no padding) with
 their positions, and reads and writes the paged KV cache through `ember.inference.attention`.
+
+`fuse_projections` (on CUDA by default, `EngineConfig.fuse_projections`) computes q/k/v and
+gate/up as one matrix product each: a decode step is launch-bound, so fewer, larger kernels
+are faster. The checkpoint's names stay; their parameters become views of the fused weights.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
-from ember.inference.attention import AttentionInputs, paged_attention, write_kv_cache
-from ember.inference.models.layers import MLP, RMSNorm
+from ember.inference.attention import AttentionInputs, paged_attention
+from ember.inference.models.layers import MLP, RMSNorm, fuse_linears
 from ember.inference.models.moe import SparseMoeBlock
 from ember.inference.models.rope import RotaryEmbedding
 
@@ -100,16 +105,32 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
         self.query_key_norm = spec.query_key_norm
+        self.register_buffer("qkv_weight", None, persistent=False)
+        self.register_buffer("qkv_bias", None, persistent=False)
+
+    def fuse_projections(self) -> list[str]:
+        """Compute q, k and v in one matrix product from now on; returns the parameters that became views."""
+        projections = ("q_proj", "k_proj", "v_proj")
+        self.qkv_weight, self.qkv_bias = fuse_linears([getattr(self, name) for name in projections])
+        return [f"{name}.{kind}" for name in projections for kind, _ in getattr(self, name).named_parameters()]
+
+    def _project(self, states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries (tokens, heads, head_dim), keys and values (tokens, kv_heads, head_dim) of `states`."""
+        if self.qkv_weight is None:
+            queries, keys, values = self.q_proj(states), self.k_proj(states), self.v_proj(states)
+        else:
+            kv_width = self.num_kv_heads * self.head_dim
+            projected = F.linear(states, self.qkv_weight, self.qkv_bias)
+            queries, keys, values = projected.split([self.num_heads * self.head_dim, kv_width, kv_width], dim=-1)
+        return (queries.unflatten(-1, (self.num_heads, self.head_dim)), keys.unflatten(-1, (self.num_kv_heads, self.head_dim)),
+                values.unflatten(-1, (self.num_kv_heads, self.head_dim)))
 
     def forward(self, states: Tensor, positions: Tensor, kv_cache: tuple[Tensor, Tensor], inputs: AttentionInputs) -> Tensor:
-        queries = self.q_proj(states).view(-1, self.num_heads, self.head_dim)
-        keys = self.k_proj(states).view(-1, self.num_kv_heads, self.head_dim)
-        values = self.v_proj(states).view(-1, self.num_kv_heads, self.head_dim)
+        queries, keys, values = self._project(states)
         if self.query_key_norm:
             queries, keys = self.q_norm(queries), self.k_norm(keys)
-        queries, keys = self.rotary(positions, queries, keys)
         key_cache, value_cache = kv_cache
-        write_kv_cache(keys, values, key_cache, value_cache, inputs.slot_mapping)
+        queries = self.rotary.rotate_and_cache(positions, queries, keys, values, kv_cache, inputs.slot_mapping)
         attended = paged_attention(queries, key_cache, value_cache, inputs, self.head_dim**-0.5, self.sliding_window)
         return self.o_proj(attended.flatten(1).to(states.dtype))
 
@@ -164,6 +185,16 @@ class DecoderForCausalLM(nn.Module):
         self.model = DecoderBody(config, self.spec, max_positions)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
+        self.fused_parameters: frozenset[str] = frozenset()
+        """Parameters that are views of a fused weight (`fuse_projections`): filled in place, never rebound."""
+
+    def fuse_projections(self) -> None:
+        """q/k/v and gate/up (dense MLPs and shared experts) each one matrix product from now on."""
+        fused = set()
+        for name, module in self.named_modules():
+            if isinstance(module, (Attention, MLP)):
+                fused.update(f"{name}.{parameter}" for parameter in module.fuse_projections())
+        self.fused_parameters = frozenset(fused)
 
     def tie_weights(self) -> None:
         """Make the output projection the embedding itself when the config ties them (again after `to_empty`)."""

@@ -1,4 +1,5 @@
-"""The decoder's small building blocks, each one kernel on CUDA: RMSNorm (fused with the residual add), RoPE, SwiGLU.
+"""The decoder's small building blocks, each one kernel on CUDA: RMSNorm (fused with the residual add), RoPE, SwiGLU;
+and `fuse_linears`, which turns several projections of one input into one matrix product.
 
 A decode step does little arithmetic per kernel, so its time goes to the number of kernels
 more than to their work. On CUDA the elementwise functions here are compiled with
@@ -10,7 +11,7 @@ HF's: RMSNorm in float32 scaled after casting back, RoPE in float32 ("rotate hal
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -84,14 +85,45 @@ class RMSNorm(nn.Module):
         return add_rms_norm(states, residual, self.weight, self.eps)
 
 
+def fuse_linears(linears: Sequence[nn.Linear]) -> tuple[Tensor, Tensor | None]:
+    """One weight (and bias) computing all of `linears` of the same input in one matrix product,
+    their outputs side by side in the given order.
+
+    Each linear keeps its parameters under its own name, now views of the fused tensors: a
+    weight loaded by its checkpoint name (copied in place) fills its rows of the fused one.
+    """
+    weight = torch.cat([linear.weight.data for linear in linears])
+    has_bias = linears[0].bias is not None
+    bias = torch.cat([linear.bias.data for linear in linears]) if has_bias else None
+    start = 0
+    for linear in linears:
+        rows = slice(start, start + linear.out_features)
+        linear.weight.data = weight[rows]
+        if has_bias:
+            linear.bias.data = bias[rows]
+        start = rows.stop
+    return weight, bias
+
+
 class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x))."""
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)); gate and up one matrix product once fused."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.register_buffer("gate_up_weight", None, persistent=False)
+        self.register_buffer("gate_up_bias", None, persistent=False)
+
+    def fuse_projections(self) -> list[str]:
+        """Compute gate and up in one matrix product from now on; returns the parameters that became views."""
+        self.gate_up_weight, self.gate_up_bias = fuse_linears([self.gate_proj, self.up_proj])
+        return [f"{name}.{kind}" for name in ("gate_proj", "up_proj") for kind, _ in getattr(self, name).named_parameters()]
 
     def forward(self, states: Tensor) -> Tensor:
-        return self.down_proj(silu_and_mul(self.gate_proj(states), self.up_proj(states)))
+        if self.gate_up_weight is None:
+            gate, up = self.gate_proj(states), self.up_proj(states)
+        else:
+            gate, up = F.linear(states, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+        return self.down_proj(silu_and_mul(gate, up))

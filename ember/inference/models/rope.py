@@ -4,6 +4,10 @@ The rotation pairs dimension i with i + head_dim/2 of each head (the "rotate hal
 layout of Hugging Face checkpoints, not interleaved pairs). Frequencies come from the HF
 config's `rope_parameters` (rope_theta, and rope_type "llama3" with its factors when the
 checkpoint has them); angles are computed in float32 for every position once.
+
+`rotate_and_cache` also stores the step's keys and values in the paged cache: on CUDA one
+Triton kernel does both (`kernels/rope_cache.py`), elsewhere the compiled rotation and two
+index copies.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from ember.inference.attention import write_kv_cache
 from ember.inference.models.layers import rotate_queries_keys
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -79,3 +84,23 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: Tensor, queries: Tensor, keys: Tensor) -> tuple[Tensor, Tensor]:
         """Rotate (tokens, heads, head_dim) queries and keys by each token's position (tokens,)."""
         return rotate_queries_keys(queries, keys, self.cos, self.sin, positions)
+
+    def rotate_and_cache(
+        self, positions: Tensor, queries: Tensor, keys: Tensor, values: Tensor, kv_cache: tuple[Tensor, Tensor],
+        slot_mapping: Tensor,
+    ) -> Tensor:
+        """Rotate queries and keys by position, write the keys and values (tokens, kv_heads, head_dim) to their
+        cache slots; returns the rotated queries (tokens, heads, head_dim)."""
+        key_cache, value_cache = kv_cache
+        if queries.is_cuda and rope_kernel_supports(self.head_dim) and keys.dtype == key_cache.dtype:
+            from ember.inference.kernels.rope_cache import rope_and_cache
+
+            return rope_and_cache(queries, keys, values, self.cos, self.sin, positions, key_cache, value_cache, slot_mapping)
+        queries, keys = self(positions, queries, keys)
+        write_kv_cache(keys, values, key_cache, value_cache, slot_mapping)
+        return queries
+
+
+def rope_kernel_supports(head_dim: int) -> bool:
+    """Whether the Triton rotate-and-cache kernel handles this head size (twice a power of two, at least 16)."""
+    return head_dim >= 16 and head_dim & (head_dim - 1) == 0

@@ -30,8 +30,11 @@ from ember.models.weight_copy import copy_named_tensors
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def build_model(config: PretrainedConfig, max_positions: int, dtype: torch.dtype, device: torch.device) -> DecoderForCausalLM:
-    """An engine model for `config` on `device` in `dtype`, with uninitialised weights (load them next)."""
+def build_model(
+    config: PretrainedConfig, max_positions: int, dtype: torch.dtype, device: torch.device, fuse_projections: bool = False
+) -> DecoderForCausalLM:
+    """An engine model for `config` on `device` in `dtype`, with uninitialised weights (load them next);
+    `fuse_projections`: q/k/v and gate/up one matrix product each (`DecoderForCausalLM.fuse_projections`)."""
     with torch.device("meta"):
         model = DecoderForCausalLM(config, max_positions)
     model.to_empty(device=device)
@@ -39,6 +42,8 @@ def build_model(config: PretrainedConfig, max_positions: int, dtype: torch.dtype
     for parameter in model.parameters():
         parameter.data = parameter.data.to(dtype)
     model.model.rotary.reset_tables()
+    if fuse_projections:
+        model.fuse_projections()
     return model.eval().requires_grad_(False)
 
 
@@ -50,7 +55,8 @@ def load_weights(
 
     Tensors are copied in place; with `share`, a tensor whose shape, dtype and device match its
     parameter becomes that parameter's storage instead (no second copy: the training engine's
-    live weights, which its optimizer then updates in place for both). A tied model's
+    live weights, which its optimizer then updates in place for both), except for parameters
+    that are views of a fused weight (`model.fused_parameters`), which are always copied. A tied model's
     `lm_head.weight` is the embedding itself: both names write the same tensor. A fused expert
     tensor counts as loaded once every expert's slice of it was.
     """
@@ -60,7 +66,7 @@ def load_weights(
     if share:
         wanted = list(wanted)
         for name, tensor in wanted:
-            parameter = parameters.get(name)
+            parameter = None if name in getattr(model, "fused_parameters", ()) else parameters.get(name)
             if parameter is not None and (parameter.shape, parameter.dtype, parameter.device) == (
                 tensor.shape, tensor.dtype, tensor.device
             ):
