@@ -40,8 +40,6 @@ _MULTI_GPU: Row = (
 )
 
 _A = "actor_rollout_ref"
-_OFFLOAD_POLICY = ("(FSDP2's CPUOffloadPolicy) is not implemented yet; use fsdp_config.param_offload and "
-                   "fsdp_config.optimizer_offload, which move parameters and optimizer state off the GPU between phases")
 
 # The names registered in ember.algorithms (kept here so loading a config imports no torch;
 # tests/unit/test_config_features.py checks the two lists agree).
@@ -61,9 +59,6 @@ RL_UNIMPLEMENTED: list[Row] = [
     _flag("trainer.noise_injection.enabled"),
     _flag("nla.enable"),
     _flag("reward_model.enable"),
-    _flag(f"{_A}.actor.fsdp_config.offload_policy", _OFFLOAD_POLICY),
-    _flag(f"{_A}.ref.fsdp_config.offload_policy", _OFFLOAD_POLICY),
-    _flag("critic.model.fsdp_config.offload_policy", _OFFLOAD_POLICY),
     _flag(f"{_A}.model.enable_activation_offload"),
     _flag("critic.model.enable_activation_offload"),
     _flag(f"{_A}.model.lora_rank", "(LoRA) is not implemented yet; use 0"),
@@ -92,7 +87,6 @@ RL_UNIMPLEMENTED: list[Row] = [
 SFT_UNIMPLEMENTED: list[Row] = [
     (lambda cfg: cfg.model.strategy == "megatron", lambda cfg: "model.strategy=megatron is not implemented yet; use fsdp2"),
     _flag("model.lora_rank", "(LoRA) is not implemented yet; use 0"),
-    _flag("model.fsdp_config.offload_policy", _OFFLOAD_POLICY),
     _flag("ulysses_sequence_parallel_size"),
     _flag("model.use_liger"),
     _flag("data.custom_cls.path"),

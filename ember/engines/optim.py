@@ -79,11 +79,13 @@ def lr_multiplier(step: int, options: OptimOptions) -> float:
     return options.min_lr_ratio + (1.0 - options.min_lr_ratio) * cosine
 
 
-def build_optimizer(parameters: Iterable[torch.nn.Parameter], options: OptimOptions) -> torch.optim.AdamW:
+def build_optimizer(parameters: Iterable[torch.nn.Parameter], options: OptimOptions,
+                    on_cpu: bool = False) -> torch.optim.AdamW:
     """AdamW over `parameters` with the options' hyper-parameters; the fused kernel (one
-    launch for all parameters) on an accelerator, where it is the fastest implementation."""
+    launch for all parameters) where they live on an accelerator, the fastest implementation
+    there; `on_cpu`: the parameters live in CPU memory whatever the device (FSDP2 offload policy)."""
     return torch.optim.AdamW(parameters, lr=options.lr, betas=options.betas, eps=options.eps,
-                             weight_decay=options.weight_decay, fused=device_type() != "cpu")
+                             weight_decay=options.weight_decay, fused=device_type() != "cpu" and not on_cpu)
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, options: OptimOptions) -> LambdaLR:

@@ -1,5 +1,6 @@
 """The FSDP2 engine on an accelerator: bf16 compute over fp32 master weights, activation
-checkpointing, and offload that really moves shards and optimizer state off the device."""
+checkpointing, offload that really moves shards and optimizer state off the device, and
+FSDP2's CPUOffloadPolicy (shards and optimizer on CPU for good) training like the resident engine."""
 
 import pytest
 import torch
@@ -46,3 +47,31 @@ def test_bf16_training_with_checkpointing_and_offload(tmp_path):
         engine.onload()
         assert local_devices(engine.module().parameters()) == {device_type()}
     assert all(later < earlier for earlier, later in zip(losses, losses[1:])), losses
+
+
+def test_offload_policy_keeps_shards_on_cpu_and_trains_like_the_resident_engine(tmp_path):
+    model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
+    batch = make_batch()
+    before = torch.accelerator.memory_allocated()
+    offloaded = FSDPEngine(engine_options(model_dir, param_dtype="bfloat16", offload_policy=True))
+    parameter_bytes = sum(p.numel() * p.element_size() for p in offloaded.module().parameters())
+    assert torch.accelerator.memory_allocated() - before < parameter_bytes / 4  # the weights are not on the device
+    assert local_devices(offloaded.module().parameters()) == {"cpu"}
+    assert {buffer.device.type for buffer in offloaded.module().buffers()} == {device_type()}  # RoPE tables compute there
+    resident = FSDPEngine(engine_options(model_dir, param_dtype="bfloat16"))
+
+    for _ in range(3):
+        expected = resident.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
+        actual = offloaded.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
+        torch.testing.assert_close(actual["loss"], expected["loss"], atol=1e-3, rtol=1e-3)
+        torch.testing.assert_close(actual["grad_norm"], expected["grad_norm"], atol=1e-3, rtol=1e-2)
+    assert local_devices(offloaded.module().parameters()) == {"cpu"}
+    assert local_devices(state["exp_avg"] for state in offloaded.optimizer.state.values()) == {"cpu"}
+    offloaded.offload(), offloaded.onload()  # nothing to move: the policy keeps them on CPU
+    assert local_devices(offloaded.module().parameters()) == {"cpu"}
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(offloaded.forward(batch, micro_batch_size=2).log_probs[mask],
+                               resident.forward(batch, micro_batch_size=2).log_probs[mask], atol=2e-2, rtol=0)
+    synced = dict(pair for bucket in offloaded.named_parameters_for_sync() for pair in bucket)
+    assert not offloaded.syncs_live_parameters
+    assert {(tensor.device.type, tensor.dtype) for tensor in synced.values()} == {("cpu", torch.bfloat16)}

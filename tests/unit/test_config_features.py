@@ -87,7 +87,11 @@ def test_keys_that_would_otherwise_be_ignored_stop_a_real_run(override, message)
         check_implemented(load_config([override]))
 
 
-def test_fsdp_offload_policy_is_refused_with_the_switches_that_exist():
-    cfg = load_config([f"{A}.actor.fsdp_config.offload_policy=True"])
-    with pytest.raises(NotImplementedFeature, match="offload_policy=true.*use fsdp_config.param_offload"):
-        check_implemented(cfg)
+def test_fsdp_offload_policy_is_accepted_and_refused_only_where_there_is_no_accelerator():
+    from ember.distributed.device import device_type
+    from ember.engines.fsdp.engine import EngineOptions
+
+    check_implemented(load_config([f"{A}.actor.fsdp_config.offload_policy=True"]))
+    if device_type() == "cpu":
+        with pytest.raises(ValueError, match="computes on the CPU already: set offload_policy=false"):
+            EngineOptions(model_path="unused", offload_policy=True)

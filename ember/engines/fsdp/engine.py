@@ -68,6 +68,10 @@ class EngineOptions:
     """`offload()` moves the parameter shards to CPU memory."""
     optimizer_offload: bool = False
     """`offload()` moves the optimizer state to CPU memory."""
+    offload_policy: bool = False
+    """FSDP2's CPUOffloadPolicy: shards, gradients and the optimizer step stay in CPU memory at all
+    times (each layer is copied to the accelerator to compute); param/optimizer_offload then have
+    nothing left to move."""
     seed: int = 42
     """Seed for anything initialised rather than loaded (a critic's value head)."""
     optim: OptimOptions = field(default_factory=OptimOptions)
@@ -81,6 +85,9 @@ class EngineOptions:
                              "set it for the actor and reference only")
         for name in ("model_dtype", "param_dtype", "reduce_dtype"):
             resolve_dtype(getattr(self, name))
+        if self.offload_policy and device_type() == "cpu":
+            raise ValueError("fsdp_config.offload_policy keeps an accelerator's parameters in CPU memory, but this run "
+                             "computes on the CPU already: set offload_policy=false")
 
     @property
     def trains(self) -> bool:
@@ -105,8 +112,10 @@ class FSDPEngine(TrainEngine):
                 options.attn_implementation, options.use_remove_padding, self.device, resolve_dtype(options.param_dtype)),
             gradient_checkpointing=options.enable_gradient_checkpointing,
             # At world size 1 resharding frees nothing worth re-gathering for in backward.
-            reshard_after_forward=options.reshard_after_forward and self.dp_size > 1)
-        self.optimizer = build_optimizer(self.model.parameters(), options.optim) if options.trains else None
+            reshard_after_forward=options.reshard_after_forward and self.dp_size > 1,
+            offload_policy=options.offload_policy)
+        self.optimizer = (build_optimizer(self.model.parameters(), options.optim, on_cpu=options.offload_policy)
+                          if options.trains else None)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, options.optim) if options.trains else None
 
     # --- computing -------------------------------------------------------------------------
@@ -227,7 +236,7 @@ class FSDPEngine(TrainEngine):
         stay put (one rank, stored dtype = compute dtype, no parameter offload): a rollout engine
         may then share them instead of copying."""
         options = self.options
-        return (self.dp_size == 1 and not options.param_offload
+        return (self.dp_size == 1 and not options.param_offload and not options.offload_policy
                 and resolve_dtype(options.model_dtype) == resolve_dtype(options.param_dtype))
 
     def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
@@ -271,12 +280,16 @@ class FSDPEngine(TrainEngine):
     # --- memory between phases ---------------------------------------------------------------
 
     def offload(self) -> None:
+        if self.options.offload_policy:  # everything FSDP2 holds is in CPU memory already
+            return
         if self.options.param_offload:
             move_parameters(self.model, CPU)
         if self.options.optimizer_offload and self.optimizer is not None:
             move_optimizer_state(self.optimizer, CPU)
 
     def onload(self) -> None:
+        if self.options.offload_policy:
+            return
         if self.options.param_offload:
             move_parameters(self.model, self.device)
         if self.options.optimizer_offload and self.optimizer is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import PreTrainedModel
 
@@ -25,8 +26,10 @@ from ember.models.loading import build_model_on_meta, load_model, load_model_con
 
 def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device, *, value_head: bool,
                         model_dtype: str, param_dtype: str, reduce_dtype: str, attn_implementation: str,
-                        gradient_checkpointing: bool, reshard_after_forward: bool) -> PreTrainedModel:
-    """The checkpoint at `model_path` as an FSDP2 module whose shards live on `device`."""
+                        gradient_checkpointing: bool, reshard_after_forward: bool,
+                        offload_policy: bool = False) -> PreTrainedModel:
+    """The checkpoint at `model_path` as an FSDP2 module whose shards live on `device` (in pinned
+    CPU memory with `offload_policy`; buffers such as RoPE tables stay on `device`)."""
     config = load_model_config(model_path, value_head=value_head)
     pretrained = None
     if rank() == 0:
@@ -36,7 +39,7 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
                                 attn_implementation=attn_implementation)
     parallelize_model(model, mesh, gradient_checkpointing=gradient_checkpointing,
                       param_dtype=resolve_dtype(param_dtype), reduce_dtype=resolve_dtype(reduce_dtype),
-                      reshard_after_forward=reshard_after_forward)
+                      reshard_after_forward=reshard_after_forward, offload_policy=offload_policy)
     model.to_empty(device=device)
     full_state = pretrained.state_dict() if pretrained is not None else {}
     set_model_state_dict(model, full_state,
@@ -47,6 +50,18 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
             if pretrained is not None:
                 buffer.copy_(loaded_buffers[name])
             dist.broadcast(buffer, src=0)
+    if offload_policy:  # loaded on the device (the broadcast needs it there); the shards now move to CPU
+        offload_shards(model)
     if pretrained is not None and pretrained.can_generate():
         model.generation_config = pretrained.generation_config  # the checkpoint's; only rank 0 exports
     return model
+
+
+def offload_shards(model: nn.Module) -> None:
+    """Move an offload-policy FSDP2 module's parameter shards to CPU memory (FSDP2 pins them
+    when it first runs); buffers are not sharded and go back to the device they were on."""
+    buffer_devices = {name: buffer.device for name, buffer in model.named_buffers()}
+    model.to(torch.device("cpu"))
+    for module_name, module in model.named_modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            module._buffers[name] = buffer.to(buffer_devices[f"{module_name}.{name}" if module_name else name])

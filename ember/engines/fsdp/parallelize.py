@@ -8,7 +8,9 @@ all-gather and reduce-scatter, so at most one layer's full weights is alive at a
 beside the root's.
 
 Mixed precision keeps the sharded (master) parameters in their stored dtype, casts them to
-`param_dtype` when gathered for compute, and reduces gradients in `reduce_dtype`.
+`param_dtype` when gathered for compute, and reduces gradients in `reduce_dtype`. With
+`offload_policy` (FSDP2's CPUOffloadPolicy) the shards, their gradients and the optimizer
+step live in pinned CPU memory; each layer's weights are copied to the device to compute.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from transformers import PreTrainedModel
 
 
@@ -36,18 +38,22 @@ def apply_activation_checkpointing(model: PreTrainedModel) -> None:
 
 
 def apply_fsdp(model: PreTrainedModel, mesh: DeviceMesh, *, param_dtype: torch.dtype, reduce_dtype: torch.dtype,
-               reshard_after_forward: bool) -> None:
-    """Shard every decoder layer, then the root, over `mesh` with the given mixed precision."""
-    mixed_precision = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+               reshard_after_forward: bool, offload_policy: bool = False) -> None:
+    """Shard every decoder layer, then the root, over `mesh` with the given mixed precision
+    (and the shards in pinned CPU memory with `offload_policy`)."""
+    settings = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
+                    reshard_after_forward=reshard_after_forward,
+                    offload_policy=CPUOffloadPolicy(pin_memory=True) if offload_policy else OffloadPolicy())
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=mixed_precision, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh, mp_policy=mixed_precision, reshard_after_forward=reshard_after_forward)
+        fully_shard(layer, **settings)
+    fully_shard(model, **settings)
 
 
 def parallelize_model(model: PreTrainedModel, mesh: DeviceMesh, *, gradient_checkpointing: bool,
-                      param_dtype: torch.dtype, reduce_dtype: torch.dtype, reshard_after_forward: bool) -> None:
+                      param_dtype: torch.dtype, reduce_dtype: torch.dtype, reshard_after_forward: bool,
+                      offload_policy: bool = False) -> None:
     """Activation checkpointing (if asked), then FSDP2 sharding; modifies `model` in place."""
     if gradient_checkpointing:
         apply_activation_checkpointing(model)
     apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-               reshard_after_forward=reshard_after_forward)
+               reshard_after_forward=reshard_after_forward, offload_policy=offload_policy)
