@@ -183,13 +183,20 @@ class FSDPEngine(TrainEngine):
     def _clip_gradients(self) -> float:
         """Global L2 norm of the gradients (over all shards), clipping them to `clip_grad` if finite."""
         parameters = [p for p in self.model.parameters() if p.grad is not None]
-        total_norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
-        if isinstance(total_norm, DTensor):
-            total_norm = total_norm.full_tensor()
+        total_norm = self._full_tensor(torch.nn.utils.get_total_norm([p.grad for p in parameters]))
         clip = self.options.optim.clip_grad
         if clip > 0 and torch.isfinite(total_norm):
             torch.nn.utils.clip_grads_with_norm_(parameters, clip, total_norm)
         return total_norm.item()
+
+    def _full_tensor(self, tensor: Tensor) -> Tensor:
+        """The whole of a sharded tensor, gathered on the engine's device (CPU-offloaded shards are
+        copied there first: the collectives run on the accelerator); a plain tensor as it is."""
+        if not isinstance(tensor, DTensor):
+            return tensor
+        if tensor.device != self.device:
+            tensor = tensor.to(self.device)
+        return tensor.full_tensor()
 
     def _loss_context(self, batch: Batch) -> LossContext:
         counts = torch.tensor([int(batch.response_mask.sum()), len(batch)], dtype=torch.int64)
@@ -250,10 +257,7 @@ class FSDPEngine(TrainEngine):
         bucket: list[tuple[str, Tensor]] = []
         bucket_size = 0
         for name, parameter in self.model.named_parameters():
-            tensor = parameter.detach()
-            if isinstance(tensor, DTensor):
-                tensor = tensor.full_tensor()
-            tensor = tensor.to(dtype)
+            tensor = self._full_tensor(parameter.detach()).to(dtype)
             bucket.append((name, tensor))
             bucket_size += tensor.numel() * tensor.element_size()
             if bucket_size >= bucket_bytes:
