@@ -6,7 +6,9 @@ model, prompts and sampling, in one run (random bf16 weights of a real model's s
 
 Prints one table row per shape and batch size: tokens/s, peak GPU memory, and ms per
 decode step (from a second, prefill-only run: (full - prefill) / (tokens - 1)), for ember
-(CUDA graphs, `--eager` for without) and for transformers where asked. Needs an accelerator.
+(CUDA graphs, `--eager` for without) and for transformers where asked; for ember also the
+captured decode step replayed alone (`graph ms`: the device's time per step without the
+host's work between windows). Needs an accelerator.
 """
 
 from __future__ import annotations
@@ -47,6 +49,21 @@ def measure(generate, prompts: list[list[int]]) -> dict[str, float]:
             "step_ms": 1000 * (full_s - prefill_s) / (RESPONSE_LENGTH - 1)}
 
 
+def graph_step_ms(engine: LLMEngine, rows: int, replays: int = 200) -> float:
+    """ms per replay of the decode step captured for `rows` rows (padding rows on the trash block)."""
+    decoder = engine.decoder
+    padded = next(size for size in decoder.batch_sizes if size >= rows)
+    graph = decoder._graph(padded, SamplingParams(temperature=1.0))
+    for _ in range(10):
+        graph.replay()
+    synchronize()
+    start = time.perf_counter()
+    for _ in range(replays):
+        graph.replay()
+    synchronize()
+    return 1000 * (time.perf_counter() - start) / replays
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[64, 512])
@@ -61,8 +78,8 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     device = current_device()
     print(f"device: {torch.cuda.get_device_name()}  prompt {PROMPT_LENGTH}, response {RESPONSE_LENGTH}, bf16", flush=True)
-    print("| shape | rows | engine | tokens/s | s | peak GiB | decode ms/step |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
+    print("| shape | rows | engine | tokens/s | s | peak GiB | decode ms/step | graph ms |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shapes:
         model_dir = tempfile.mkdtemp()
         build_model_dir(shape, tokenizer, model_dir, torch.bfloat16, seed=0)
@@ -73,6 +90,8 @@ def main() -> None:
                 max_num_batched_tokens=65536, dtype=torch.bfloat16, device=str(device),
                 use_cuda_graphs=not args.eager, decode_window=args.decode_window))
             results = {"ember": measure(engine.generate, prompts)}
+            if engine.decoder.use_cuda_graphs:
+                results["ember"]["graph_ms"] = graph_step_ms(engine, rows)
             del engine
             empty_cache()
             if rows in hf_rows:
@@ -82,10 +101,11 @@ def main() -> None:
                 del rollout
                 empty_cache()
             for name, result in results.items():
+                graph_cell = f"{result['graph_ms']:.2f}" if "graph_ms" in result else ""
                 print(f"| {shape} | {rows} | {name} | {result['tok_s']:,.0f} | {result['seconds']:.2f} | "
-                      f"{result['peak_gib']:.1f} | {result['step_ms']:.2f} |", flush=True)
+                      f"{result['peak_gib']:.1f} | {result['step_ms']:.2f} | {graph_cell} |", flush=True)
             if "transformers" in results:
-                print(f"|  |  | speed-up | {results['ember']['tok_s'] / results['transformers']['tok_s']:.1f}x |  |  |  |")
+                print(f"|  |  | speed-up | {results['ember']['tok_s'] / results['transformers']['tok_s']:.1f}x |  |  |  |  |")
 
 
 if __name__ == "__main__":
