@@ -70,6 +70,7 @@ class Workload:
     micro_batch: int  # responses per forward/backward in the update
     warmup: int  # steps run before timing starts
     steps: int  # timed steps; the report gives their median
+    gradient_checkpointing: bool = True  # recompute decoder-layer activations in backward (both frameworks)
 
     @property
     def samples(self) -> int:
@@ -290,7 +291,7 @@ def format_report(title: str, env: dict[str, str], workload: Workload, model: st
              f"model {model} · {workload.prompts} prompts × {workload.n} responses · "
              f"prompt {workload.prompt_length} + response {workload.response_length} tokens · "
              f"micro-batch {workload.micro_batch} · one optimizer step per batch · "
-             f"median of {workload.steps} steps after {workload.warmup} warm-up", ""]
+             f"gradient checkpointing {'on' if workload.gradient_checkpointing else 'off'} · median of {workload.steps} steps after {workload.warmup} warm-up", ""]
     rows = []
     for summary in summaries:
         gen, train = main_phases[summary["framework"]]

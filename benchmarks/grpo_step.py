@@ -2,7 +2,8 @@
 
 Both frameworks train the same randomly initialised model (`--shape`) on the same prompts
 with the same pseudo-random reward: `--prompts` prompts × `--n` responses of exactly
-`--response-length` tokens (EOS ignored), gradient checkpointing, micro-batches of
+`--response-length` tokens (EOS ignored), gradient checkpointing (unless
+`--no-gradient-checkpointing`, for both), micro-batches of
 `--micro-batch` responses and one optimizer step per batch, fp32 master weights with
 bf16 compute on an accelerator (fp32 on CPU). ember runs what `ember train` runs: the
 config loader, `build_components` and `RLTrainer.train_step`. TRL runs `GRPOTrainer`
@@ -82,6 +83,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-trl", action="store_true", help="do not run TRL (and do not import it)")
     parser.add_argument("--commit", default=None, help="commit to report; default: `git rev-parse --short HEAD`")
     parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
+    parser.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
+                        help="both frameworks keep activations instead of recomputing them (more memory, less work)")
     return parser.parse_args(argv)
 
 
@@ -92,7 +95,7 @@ def ember_overrides(workload: Workload, model_dir: str, data_file: str, reward_f
                     max_num_seqs: int) -> list[str]:
     """The `ember train` command line of the workload."""
     return [f"actor_rollout_ref.model.path={model_dir}",
-            "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+            f"actor_rollout_ref.model.enable_gradient_checkpointing={workload.gradient_checkpointing}",
             f"data.train_files={data_file}",
             f"data.train_batch_size={workload.prompts}",
             f"data.max_prompt_length={workload.prompt_length}",
@@ -187,7 +190,7 @@ def run_trl(workload: Workload, model_dir: str, prompts: list[list[dict]], rewar
         max_completion_length=workload.response_length,
         # EOS can never be sampled: every completion is exactly max_completion_length tokens.
         generation_kwargs={"min_new_tokens": workload.response_length},
-        gradient_checkpointing=True, bf16=on_accelerator, use_cpu=not on_accelerator,
+        gradient_checkpointing=workload.gradient_checkpointing, bf16=on_accelerator, use_cpu=not on_accelerator,
         model_init_kwargs={"dtype": "float32", "attn_implementation": "sdpa"},  # fp32 master weights, as ember
         learning_rate=1e-6, beta=0.0, shuffle_dataset=False,
         logging_steps=1, report_to=[], save_strategy="no", disable_tqdm=True)
@@ -263,7 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     workload = Workload(prompts=args.prompts, n=args.n, prompt_length=args.prompt_length,
                         response_length=args.response_length,
-                        micro_batch=min(args.micro_batch, args.prompts * args.n), warmup=args.warmup, steps=args.steps)
+                        micro_batch=min(args.micro_batch, args.prompts * args.n), warmup=args.warmup, steps=args.steps,
+                        gradient_checkpointing=args.gradient_checkpointing)
     workload.check()
     if not args.skip_trl and package_version("trl") == "not installed":
         raise SystemExit("TRL is not installed: `pip install trl datasets` to compare with it, or pass --skip-trl")
