@@ -20,6 +20,7 @@ dependency: `pip install trl datasets` to compare.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -83,6 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-trl", action="store_true", help="do not run TRL (and do not import it)")
     parser.add_argument("--commit", default=None, help="commit to report; default: `git rev-parse --short HEAD`")
     parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
+    parser.add_argument("--profile", default=None, metavar="FILE",
+                        help="profile ember's last step (torch.profiler) and write its top operators to FILE")
     parser.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
                         help="both frameworks keep activations instead of recomputing them (more memory, less work)")
     return parser.parse_args(argv)
@@ -117,7 +120,7 @@ def ember_overrides(workload: Workload, model_dir: str, data_file: str, reward_f
             "trainer.val_before_train=False"]
 
 
-def run_ember(workload: Workload, overrides: list[str]) -> FrameworkResult:
+def run_ember(workload: Workload, overrides: list[str], profile_file: str | None = None) -> FrameworkResult:
     """`workload.total_steps` calls of `RLTrainer.train_step`, as `ember train` makes them."""
     cfg = load_config(overrides)
     check_implemented(cfg)
@@ -125,7 +128,7 @@ def run_ember(workload: Workload, overrides: list[str]) -> FrameworkResult:
     memory_before = allocated_memory_gib()
     trainer = RLTrainer(cfg, build_components(cfg))
     try:
-        step_s, step_metrics = time_ember_steps(trainer, workload)
+        step_s, step_metrics = time_ember_steps(trainer, workload, profile_file)
     finally:
         trainer.parts.reward_manager.close()
         trainer.logger.close()
@@ -144,20 +147,36 @@ def run_ember(workload: Workload, overrides: list[str]) -> FrameworkResult:
                "master_dtype": cfg.actor_rollout_ref.actor.fsdp_config.model_dtype})
 
 
-def time_ember_steps(trainer: RLTrainer, workload: Workload) -> tuple[list[float], list[dict[str, float]]]:
-    """Wall time (device synchronised) and metrics of each step."""
+def time_ember_steps(trainer: RLTrainer, workload: Workload,
+                     profile_file: str | None = None) -> tuple[list[float], list[dict[str, float]]]:
+    """Wall time (device synchronised) and metrics of each step; the last one profiled into `profile_file` if given."""
     step_s, step_metrics = [], []
     for prompts in trainer.parts.train_loader:
         trainer.step += 1
+        profiling = profile_file is not None and trainer.step == workload.total_steps
+        profiler = torch.profiler.profile() if profiling else contextlib.nullcontext()
         start = time.perf_counter()
-        metrics = trainer.train_step(prompts)
-        synchronize()
+        with profiler:
+            metrics = trainer.train_step(prompts)
+            synchronize()
         step_s.append(time.perf_counter() - start)
+        if profiling:
+            write_profile(profiler, profile_file)
         step_metrics.append(metrics)
         print(f"ember step {trainer.step}/{workload.total_steps}: {step_s[-1]:.2f} s", flush=True)
         if trainer.step == workload.total_steps:
             break
     return step_s, step_metrics
+
+
+def write_profile(profiler: torch.profiler.profile, path: str) -> None:
+    """The profiled step's operators, by device time and by host time, 40 rows each."""
+    averages = profiler.key_averages()
+    device_key = "device_time_total" if hasattr(averages[0], "device_time_total") else "cuda_time_total"
+    with open(path, "w") as handle:
+        handle.write(averages.table(sort_by=device_key, row_limit=40) + "\n")
+        handle.write(averages.table(sort_by="cpu_time_total", row_limit=40) + "\n")
+    print(f"profile of the last ember step: {path}", flush=True)
 
 
 # --- TRL -------------------------------------------------------------------------------------------
@@ -283,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_ember:
             run_dir = os.path.join(work_dir, "ember-run")
             overrides = ember_overrides(workload, model_dir, data_file, reward_file, run_dir, args.ember_max_num_seqs)
-            summaries.append(run_ember(workload, overrides + args.ember_override).summary())
+            summaries.append(run_ember(workload, overrides + args.ember_override, args.profile).summary())
         if not args.skip_trl:
             summaries.append(run_trl(workload, model_dir, prompts, reward_file, os.path.join(work_dir, "trl-run"),
                                      args.seed).summary())
