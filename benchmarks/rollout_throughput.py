@@ -54,6 +54,7 @@ def graph_step_ms(engine: LLMEngine, rows: int, replays: int = 200) -> float:
     decoder = engine.decoder
     padded = next(size for size in decoder.batch_sizes if size >= rows)
     graph = decoder._graph(padded, SamplingParams(temperature=1.0))
+    decoder._load_rows([], padded)  # padding rows from position 0: the replays stay inside max_model_len
     for _ in range(10):
         graph.replay()
     synchronize()
