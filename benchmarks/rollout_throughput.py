@@ -30,8 +30,9 @@ PROMPT_LENGTH, RESPONSE_LENGTH = 128, 256
 
 
 def timed_generate(generate, prompts: list[list[int]], max_new_tokens: int) -> float:
-    """Seconds of one generate call (a short warm-up call first)."""
-    generate(prompts[:8], SamplingParams(n=1, max_new_tokens=8, ignore_eos=True, temperature=1.0))
+    """Seconds of one generate call, after a short warm-up call on the same prompts (which also captures
+    the decode graph of this batch size: a capture inside the timed call would count as decode time)."""
+    generate(prompts, SamplingParams(n=1, max_new_tokens=8, ignore_eos=True, temperature=1.0))
     synchronize()
     start = time.perf_counter()
     generate(prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, ignore_eos=True, temperature=1.0))

@@ -1,5 +1,6 @@
-"""ember's engine on real pretrained weights in bf16 on a GPU: greedy tokens equal transformers `generate`,
-and the sampled tokens' log-probs match a bf16 training forward.
+"""ember's engine on real pretrained weights on a GPU: bf16 greedy tokens equal transformers `generate`
+(up to transformers' own bf16 ties), and the sampled tokens' log-probs equal an fp32 forward in fp32
+and are as close to it in bf16 as transformers' own bf16 forward is.
 
 Random weights give near-tied logits that two correct bf16 kernels may order differently;
 trained weights do not, so this is where greedy equality is a fair claim. The models come
@@ -43,26 +44,26 @@ NEW_TOKENS = 64
 
 @pytest.fixture(scope="module", params=GGUF_FILES or [None], ids=lambda path: Path(path).name if path else "none")
 def real_model(request, tmp_path_factory):
-    """(transformers model in bf16 on the GPU, tokenizer, its saved HF directory)."""
+    """(transformers model in bf16 on the GPU, the same in fp32, tokenizer, its saved HF directory)."""
     if request.param is None:
         pytest.skip("set EMBER_TEST_GGUF to GGUF model files to run the real-weights tests")
     folder, name = os.path.split(os.path.abspath(request.param))
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     directory = tmp_path_factory.mktemp(Path(name).stem)
     model.save_pretrained(directory)
-    return model.cuda().eval(), tokenizer, directory
+    bf16 = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.bfloat16)
+    return bf16.cuda().eval(), model.cuda().eval(), tokenizer, directory
 
 
-def engine_for(directory: Path, max_num_seqs: int) -> LLMEngine:
+def engine_for(directory: Path, max_num_seqs: int, dtype: torch.dtype = torch.bfloat16) -> LLMEngine:
     gc.collect()  # earlier tests' engines and cached blocks would count as memory in use
     torch.cuda.empty_cache()
-    return LLMEngine.from_pretrained(directory, EngineConfig(max_model_len=512, max_num_seqs=max_num_seqs,
-                                                             dtype=torch.bfloat16, device="cuda",
-                                                             gpu_memory_utilization=0.6))
+    return LLMEngine.from_pretrained(directory, EngineConfig(max_model_len=512, max_num_seqs=max_num_seqs, dtype=dtype,
+                                                             device="cuda", gpu_memory_utilization=0.6))
 
 
 def chat_prompts(tokenizer) -> list[list[int]]:
@@ -71,7 +72,7 @@ def chat_prompts(tokenizer) -> list[list[int]]:
 
 
 def test_bf16_greedy_equals_transformers_generate_on_real_weights(real_model):
-    model, tokenizer, directory = real_model
+    model, _, tokenizer, directory = real_model
     prompts = chat_prompts(tokenizer)
     engine = engine_for(directory, max_num_seqs=16)
     assert engine.model.fused_parameters and engine.decoder.use_cuda_graphs  # the fast path is the one under test
@@ -101,20 +102,41 @@ def divergence(model, prompt: list[int], expected: list[int], actual: list[int])
     return position, abs(chosen - other), 2 * 2.0**-7 * max(abs(chosen), abs(other))
 
 
-def test_bf16_sampled_log_probs_match_a_training_forward_on_real_weights(real_model):
-    model, tokenizer, directory = real_model
-    engine = engine_for(directory, max_num_seqs=64)
-    outputs = engine.generate(chat_prompts(tokenizer), SamplingParams(n=4, temperature=1.0, max_new_tokens=NEW_TOKENS,
-                                                                      seed=0))
-    differences = []
-    with torch.no_grad():
-        for output in outputs:
-            ids = torch.tensor([output.token_ids], device="cuda")
-            logits = model(ids).logits[0, output.prompt_length - 1 : -1].float()
-            trained = torch.log_softmax(logits, -1).gather(1, ids[0, output.prompt_length:, None])[:, 0]
-            differences.append(trained - torch.tensor(output.log_probs, device="cuda"))
-    delta = torch.cat(differences)
-    k3 = float((torch.exp(delta) - 1 - delta).mean())
-    print(f"{Path(directory).name}: bf16 rollout vs training forward over {delta.numel()} tokens: "
-          f"mean |dlogp| {delta.abs().mean():.2e}, k3 {k3:.2e}")
-    assert k3 < 1e-3
+def test_sampled_log_probs_are_as_close_to_the_fp32_forward_as_transformers_bf16_forward_is(real_model):
+    """fp32: the engine's log-probs equal transformers' fp32 forward. bf16: their mismatch (k3) against the
+    fp32 forward is no larger than that of transformers' own bf16 forward: a bf16 engine cannot agree with a
+    bf16 training forward better than two bf16 roundings allow (for SmolLM2-135M that is above 1e-3 already)."""
+    bf16, fp32, tokenizer, directory = real_model
+    for dtype in (torch.float32, torch.bfloat16):
+        engine = engine_for(directory, max_num_seqs=64, dtype=dtype)
+        outputs = engine.generate(chat_prompts(tokenizer), SamplingParams(n=4, temperature=1.0,
+                                                                          max_new_tokens=NEW_TOKENS, seed=0))
+        del engine
+        engine_vs_fp32, bf16_vs_fp32, engine_vs_bf16 = [], [], []
+        with torch.no_grad():
+            for output in outputs:
+                ids = torch.tensor([output.token_ids], device="cuda")
+                reference, training = forward_log_probs(fp32, ids, output.prompt_length), forward_log_probs(
+                    bf16, ids, output.prompt_length)
+                sampled = torch.tensor(output.log_probs, device="cuda")
+                engine_vs_fp32.append(reference - sampled)
+                bf16_vs_fp32.append(reference - training)
+                engine_vs_bf16.append(training - sampled)
+        k3 = {name: k3_of(torch.cat(deltas)) for name, deltas in
+              (("engine vs fp32", engine_vs_fp32), ("transformers bf16 vs fp32", bf16_vs_fp32),
+               ("engine vs transformers bf16", engine_vs_bf16))}
+        print(f"{Path(directory).name}, engine in {dtype}: k3 " + ", ".join(f"{k} {v:.2e}" for k, v in k3.items()))
+        if dtype == torch.float32:
+            assert k3["engine vs fp32"] < 1e-6
+        else:
+            assert k3["engine vs fp32"] <= 1.25 * k3["transformers bf16 vs fp32"]
+
+
+def forward_log_probs(model, ids: torch.Tensor, prompt_length: int) -> torch.Tensor:
+    logits = model(ids).logits[0, prompt_length - 1 : -1].float()
+    return torch.log_softmax(logits, -1).gather(1, ids[0, prompt_length:, None])[:, 0]
+
+
+def k3_of(delta: torch.Tensor) -> float:
+    """The k3 estimate of KL from log-prob differences: mean(exp(d) - 1 - d)."""
+    return float((torch.exp(delta) - 1 - delta).mean())
