@@ -23,9 +23,15 @@ as the model's own LM head would); the softmax, logsumexp and entropy in float32
 grad_weight is accumulated over chunks in float32 before it is cast back to the weight's
 dtype. The entropy carries a gradient only with `entropy_grad` (an entropy bonus in the
 loss); as a metric it is detached, and backward does no work for it.
+
+On CUDA the softmax statistics and the logits' gradient are two Triton kernels
+(`log_prob_kernels.py`) that read each chunk's logits once in the compute dtype; elsewhere
+(and as their reference) the PyTorch functions below, over float32 logits.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 from torch import Tensor
@@ -65,6 +71,36 @@ def _check_inputs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: 
                          "(the LM head's matrix product runs in one dtype)")
 
 
+def _uses_kernels(hidden: Tensor) -> bool:
+    """Whether the chunks' softmax work runs in the Triton kernels (CUDA with Triton importable)."""
+    return hidden.is_cuda and importlib.util.find_spec("triton") is not None
+
+
+def _chunk_statistics(hidden_chunk: Tensor, weight: Tensor, targets: Tensor, temperature: float,
+                      compute_entropy: bool, kernels: bool) -> tuple[Tensor, Tensor, Tensor | None]:
+    """(log-probs, logsumexp, entropy or None) of one chunk, float32."""
+    if kernels:
+        from ember.engines.log_prob_kernels import row_statistics
+
+        return row_statistics(hidden_chunk @ weight.T, targets, temperature, compute_entropy)
+    logits = _chunk_logits(hidden_chunk, weight, temperature)
+    logsumexp = torch.logsumexp(logits, dim=-1)
+    log_probs = logits.gather(-1, targets[:, None]).squeeze(-1) - logsumexp
+    return log_probs, logsumexp, _entropy(logits, logsumexp) if compute_entropy else None
+
+
+def _chunk_logit_gradients(hidden_chunk: Tensor, weight: Tensor, targets: Tensor, logsumexp: Tensor,
+                           grad_log_probs: Tensor | None, grad_entropy: tuple[Tensor, Tensor] | None,
+                           temperature: float, kernels: bool) -> Tensor:
+    """d(loss)/d(raw logits) of one chunk in the compute dtype."""
+    if kernels:
+        from ember.engines.log_prob_kernels import logit_gradients
+
+        return logit_gradients(hidden_chunk @ weight.T, targets, logsumexp, grad_log_probs, grad_entropy, temperature)
+    return _grad_chunk_logits(_chunk_logits(hidden_chunk, weight, temperature), logsumexp, targets, grad_log_probs,
+                              grad_entropy, temperature).to(hidden_chunk.dtype)
+
+
 def _chunk_logits(hidden_chunk: Tensor, weight: Tensor, temperature: float) -> Tensor:
     """float32 logits of one chunk at `temperature`: the product in the inputs' dtype, then upcast."""
     logits = (hidden_chunk @ weight.T).float()
@@ -82,15 +118,15 @@ class _FusedLogProbs(torch.autograd.Function):
         log_probs = torch.empty(tokens, dtype=torch.float32, device=hidden.device)
         logsumexp = torch.empty_like(log_probs)
         entropy = torch.empty_like(log_probs) if compute_entropy else None
+        kernels = _uses_kernels(hidden)
         for start in range(0, tokens, chunk_size):
             stop = min(start + chunk_size, tokens)
-            logits = _chunk_logits(hidden[start:stop], weight, temperature)
-            chunk_logsumexp = torch.logsumexp(logits, dim=-1)
-            logsumexp[start:stop] = chunk_logsumexp
-            log_probs[start:stop] = logits.gather(-1, targets[start:stop, None]).squeeze(-1) - chunk_logsumexp
+            chunk_log_probs, chunk_logsumexp, chunk_entropy = _chunk_statistics(
+                hidden[start:stop], weight, targets[start:stop], temperature, compute_entropy, kernels)
+            log_probs[start:stop], logsumexp[start:stop] = chunk_log_probs, chunk_logsumexp
             if compute_entropy:
-                entropy[start:stop] = _entropy(logits, chunk_logsumexp)
-        ctx.temperature, ctx.chunk_size, ctx.entropy_grad = temperature, chunk_size, entropy_grad
+                entropy[start:stop] = chunk_entropy
+        ctx.temperature, ctx.chunk_size, ctx.entropy_grad, ctx.kernels = temperature, chunk_size, entropy_grad, kernels
         ctx.save_for_backward(hidden, weight, targets, logsumexp, entropy if entropy_grad else None)
         ctx.set_materialize_grads(False)
         if compute_entropy and not entropy_grad:
@@ -110,11 +146,11 @@ class _FusedLogProbs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], ctx.chunk_size):
             stop = min(start + ctx.chunk_size, hidden.shape[0])
             hidden_chunk = hidden[start:stop]
-            grad_logits = _grad_chunk_logits(
-                _chunk_logits(hidden_chunk, weight, ctx.temperature), logsumexp[start:stop], targets[start:stop],
-                None if grad_log_probs is None else grad_log_probs[start:stop].float(),
-                None if grad_entropy is None else (grad_entropy[start:stop].float(), entropy[start:stop]),
-                ctx.temperature).to(hidden.dtype)
+            grad_logits = _chunk_logit_gradients(
+                hidden_chunk, weight, targets[start:stop], logsumexp[start:stop],
+                None if grad_log_probs is None else grad_log_probs[start:stop].float().contiguous(),
+                None if grad_entropy is None else (grad_entropy[start:stop].float().contiguous(), entropy[start:stop]),
+                ctx.temperature, ctx.kernels)
             if needs_hidden:
                 grad_hidden[start:stop] = grad_logits @ weight
             if needs_weight:
