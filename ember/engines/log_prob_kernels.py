@@ -22,7 +22,7 @@ import triton.language as tl
 from torch import Tensor
 
 BLOCK = 4096
-_FAR_BELOW = -1.0e30  # a finite "minus infinity": exp(_FAR_BELOW - m) is 0 without inf - inf
+_FAR_BELOW = tl.constexpr(-1.0e30)  # a finite "minus infinity": exp(_FAR_BELOW - m) is 0 without inf - inf
 
 
 @triton.jit
