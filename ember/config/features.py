@@ -65,7 +65,6 @@ RL_UNIMPLEMENTED: list[Row] = [
     _flag(f"{_A}.actor.ulysses_sequence_parallel_size"),
     _flag(f"{_A}.ref.ulysses_sequence_parallel_size"),
     _flag("critic.ulysses_sequence_parallel_size"),
-    _flag(f"{_A}.actor.use_torch_compile"),
     _flag(f"{_A}.model.use_liger"),
     _flag("trainer.rollout_data_dir"),
     _flag("trainer.validation_data_dir"),

@@ -150,16 +150,19 @@ def optim_options(optim, grad_clip: float, total_rl_steps: int, updates_per_step
 
 
 def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: OptimOptions | None, seed: int, *,
-                 use_remove_padding: bool = False, use_fused_kernels: bool = False) -> FSDPEngine:
-    """An FSDP engine for `role`; the two speed switches come from wherever the caller's
-    config keeps them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT)."""
+                 use_remove_padding: bool = False, use_fused_kernels: bool = False,
+                 compile_layers: bool = False) -> FSDPEngine:
+    """An FSDP engine for `role`; the speed switches come from wherever the caller's config keeps
+    them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT; compiling
+    from `actor.use_torch_compile`)."""
     return FSDPEngine(EngineOptions(
         model_path=model_path, role=role, model_dtype=fsdp_config.model_dtype,
         param_dtype=compute_dtype(model_cfg.dtype), attn_implementation=model_cfg.attn_implementation,
         enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing and role != "ref",
         use_remove_padding=use_remove_padding, use_fused_kernels=use_fused_kernels,
         reshard_after_forward=fsdp_config.reshard_after_forward, param_offload=fsdp_config.param_offload,
-        optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy, seed=seed, optim=optim or OptimOptions()))
+        optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy,
+        compile_layers=compile_layers and current_device().type != "cpu", seed=seed, optim=optim or OptimOptions()))
 
 
 def micro_batch_spec(use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None,
@@ -201,7 +204,7 @@ def build_components(cfg: EmberConfig) -> RLComponents:
     actor_cfg = arr.actor
     actor_updates = optimizer_steps_per_rl_step(cfg, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size)
     speed_switches = dict(use_remove_padding=arr.model.use_remove_padding,
-                          use_fused_kernels=arr.model.use_fused_kernels)
+                          use_fused_kernels=arr.model.use_fused_kernels, compile_layers=arr.actor.use_torch_compile)
     actor_engine = build_engine(model_path, "actor", arr.model, actor_cfg.fsdp_config,
                                 optim_options(actor_cfg.optim, actor_cfg.grad_clip, total_steps, actor_updates),
                                 seed=cfg.trainer.seed, **speed_switches)

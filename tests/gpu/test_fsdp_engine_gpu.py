@@ -75,3 +75,16 @@ def test_offload_policy_keeps_shards_on_cpu_and_trains_like_the_resident_engine(
     synced = dict(pair for bucket in offloaded.named_parameters_for_sync() for pair in bucket)
     assert not offloaded.syncs_live_parameters
     assert {(tensor.device.type, tensor.dtype) for tensor in synced.values()} == {(device_type(), torch.bfloat16)}
+
+
+def test_compiled_layers_train_like_eager_ones_on_packed_bf16_batches(tmp_path):
+    model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
+    batch = make_batch()
+    settings = dict(param_dtype="bfloat16", enable_gradient_checkpointing=True, use_remove_padding=True)
+    eager = FSDPEngine(engine_options(model_dir, **settings))
+    compiled = FSDPEngine(engine_options(model_dir, compile_layers=True, **settings))
+    for _ in range(3):
+        expected = eager.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
+        actual = compiled.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
+        torch.testing.assert_close(actual["loss"], expected["loss"], atol=2e-2, rtol=2e-2)
+        torch.testing.assert_close(actual["grad_norm"], expected["grad_norm"], atol=5e-2, rtol=5e-2)

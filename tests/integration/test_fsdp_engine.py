@@ -227,3 +227,14 @@ def test_bf16_compute_keeps_fp32_master_weights(model_dir):
     engine.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
     assert all(parameter.dtype == torch.float32 for parameter in engine.module().parameters())
     assert all(tensor.dtype == torch.bfloat16 for bucket in engine.named_parameters_for_sync() for _, tensor in bucket)
+
+
+def test_compile_layers_compiles_each_decoder_layer_forward_under_its_own_names(model_dir):
+    plain = FSDPEngine(engine_options(model_dir, enable_gradient_checkpointing=True))
+    compiled = FSDPEngine(engine_options(model_dir, enable_gradient_checkpointing=True, compile_layers=True))
+    layers = compiled.module().model.layers
+    # torch.compile wraps the (checkpointing) forward: the wrapper keeps the original callable
+    assert all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in layers)
+    assert not any(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in plain.module().model.layers)
+    assert [name for name, _ in compiled.module().named_parameters()] == [
+        name for name, _ in plain.module().named_parameters()]

@@ -25,7 +25,6 @@ def test_defaults_need_nothing_unimplemented():
     (["reward_model.enable=true", "reward_model.model.path=/rm"], "reward_model.enable=true is not implemented yet"),
     ([f"{A}.model.lora_rank=8"], f"{A}.model.lora_rank=8 (LoRA) is not implemented yet; use 0"),
     ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"], "ulysses_sequence_parallel_size=2"),
-    ([f"{A}.actor.use_torch_compile=true"], f"{A}.actor.use_torch_compile=true is not implemented yet"),
     (["trainer.nnodes=2"], "trainer.nnodes × trainer.n_gpus_per_node = 2 GPUs is not implemented yet"),
 ])
 def test_each_unimplemented_switch_is_named(overrides, message):
@@ -58,7 +57,7 @@ def test_packing_and_fused_kernels_are_implemented():
 
 
 def test_several_switches_are_listed_together():
-    cfg = load_config([f"{A}.rollout.name=vllm", f"{A}.actor.use_torch_compile=true"])
+    cfg = load_config([f"{A}.rollout.name=vllm", f"{A}.model.use_liger=true"])
     messages = unimplemented_features(cfg)
     assert len(messages) == 2
     with pytest.raises(NotImplementedFeature, match="not implemented yet:\n  - "):

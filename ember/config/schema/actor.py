@@ -67,7 +67,8 @@ class ActorConfig:
     kl_loss_coef: float = field_(0.001, "weight of the KL loss term")
     kl_loss_type: KLEstimator = field_(
         "low_var_kl", "KL estimator of the KL loss; a trailing + uses the k2 gradient (straight-through)")
-    use_torch_compile: bool = field_(False, "compile the log-prob and entropy computation with torch.compile")
+    use_torch_compile: bool = field_(
+        False, "torch.compile each decoder layer's forward (actor and reference) on an accelerator; ignored on CPU")
     ppo_epochs: int = field_(1, "passes over each batch of rollouts")
     shuffle: bool = field_(False, "shuffle the batch before splitting it into mini-batches")
     ulysses_sequence_parallel_size: int = field_(

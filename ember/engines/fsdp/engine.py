@@ -72,6 +72,8 @@ class EngineOptions:
     """FSDP2's CPUOffloadPolicy: shards, gradients and the optimizer step stay in CPU memory at all
     times (each layer is copied to the accelerator to compute); param/optimizer_offload then have
     nothing left to move."""
+    compile_layers: bool = False
+    """torch.compile each decoder layer's forward (`parallelize.compile_decoder_layers`)."""
     seed: int = 42
     """Seed for anything initialised rather than loaded (a critic's value head)."""
     optim: OptimOptions = field(default_factory=OptimOptions)
@@ -113,7 +115,7 @@ class FSDPEngine(TrainEngine):
             gradient_checkpointing=options.enable_gradient_checkpointing,
             # At world size 1 resharding frees nothing worth re-gathering for in backward.
             reshard_after_forward=options.reshard_after_forward and self.dp_size > 1,
-            offload_policy=options.offload_policy)
+            offload_policy=options.offload_policy, compile_layers=options.compile_layers)
         self.optimizer = (build_optimizer(self.model.parameters(), options.optim, on_cpu=options.offload_policy)
                           if options.trains else None)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, options.optim) if options.trains else None

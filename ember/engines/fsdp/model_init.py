@@ -27,7 +27,7 @@ from ember.models.loading import build_model_on_meta, load_model, load_model_con
 def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device, *, value_head: bool,
                         model_dtype: str, param_dtype: str, reduce_dtype: str, attn_implementation: str,
                         gradient_checkpointing: bool, reshard_after_forward: bool,
-                        offload_policy: bool = False) -> PreTrainedModel:
+                        offload_policy: bool = False, compile_layers: bool = False) -> PreTrainedModel:
     """The checkpoint at `model_path` as an FSDP2 module whose shards live on `device` (in pinned
     CPU memory with `offload_policy`; buffers such as RoPE tables stay on `device`)."""
     config = load_model_config(model_path, value_head=value_head)
@@ -39,7 +39,8 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
                                 attn_implementation=attn_implementation)
     parallelize_model(model, mesh, gradient_checkpointing=gradient_checkpointing,
                       param_dtype=resolve_dtype(param_dtype), reduce_dtype=resolve_dtype(reduce_dtype),
-                      reshard_after_forward=reshard_after_forward, offload_policy=offload_policy)
+                      reshard_after_forward=reshard_after_forward, offload_policy=offload_policy,
+                      compile_layers=compile_layers)
     model.to_empty(device=device)
     full_state = pretrained.state_dict() if pretrained is not None else {}
     set_model_state_dict(model, full_state,

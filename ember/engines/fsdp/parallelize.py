@@ -49,11 +49,24 @@ def apply_fsdp(model: PreTrainedModel, mesh: DeviceMesh, *, param_dtype: torch.d
     fully_shard(model, **settings)
 
 
+def compile_decoder_layers(model: PreTrainedModel) -> None:
+    """torch.compile each decoder layer's forward, with dynamic shapes (one compilation serves every
+    micro-batch length). Only `forward` is compiled: FSDP2's gather and free hooks and the
+    activation-checkpointing wrapper run around it as before, so the layer stays the same module
+    under the same parameter names; the layer's many small element-wise kernels (norms, RoPE,
+    SwiGLU, casts) fuse into a few."""
+    for layer in decoder_layers(model):
+        layer.forward = torch.compile(layer.forward, dynamic=True)
+
+
 def parallelize_model(model: PreTrainedModel, mesh: DeviceMesh, *, gradient_checkpointing: bool,
                       param_dtype: torch.dtype, reduce_dtype: torch.dtype, reshard_after_forward: bool,
-                      offload_policy: bool = False) -> None:
-    """Activation checkpointing (if asked), then FSDP2 sharding; modifies `model` in place."""
+                      offload_policy: bool = False, compile_layers: bool = False) -> None:
+    """Activation checkpointing (if asked), layer compilation (if asked), then FSDP2 sharding;
+    modifies `model` in place."""
     if gradient_checkpointing:
         apply_activation_checkpointing(model)
+    if compile_layers:
+        compile_decoder_layers(model)
     apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
                reshard_after_forward=reshard_after_forward, offload_policy=offload_policy)
