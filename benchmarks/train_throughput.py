@@ -14,9 +14,11 @@ The settings, each a fresh `FSDPEngine` with gradient checkpointing unless it sa
 mixed workload, each padded to the batch's width),
 `dynamic bsz` (micro-batches by a token budget, `--max-token-len`, trimmed to their own
 width), `packing` (`use_remove_padding`), `packing + dynamic bsz`, `packing + dynamic bsz +
-fused` (`use_fused_kernels`), and two memory rows on top of the last: without gradient
-checkpointing, and with parameter and optimizer offload (`engine.offload()` after each
-step, `onload()` before it, both inside the timed step).
+fused` (`use_fused_kernels`), and rows on top of the last: without gradient checkpointing,
+with parameter and optimizer offload (`engine.offload()` after each step, `onload()` before
+it, both inside the timed step), with FSDP2's CPU offload policy (`offload_policy`), and
+with compiled decoder layers (`use_torch_compile`). The last two need an accelerator and are
+left out on CPU.
 
 Columns: tokens/s counts real (non-pad) prompt and response tokens over the timed steps;
 `padding` is the share of the positions the model runs over that are padding; peak memory
@@ -135,6 +137,12 @@ class Setting:
     fused: bool = False
     gradient_checkpointing: bool = True
     offload: bool = False
+    offload_policy: bool = False
+    compile_layers: bool = False
+
+    @property
+    def needs_accelerator(self) -> bool:
+        return self.offload_policy or self.compile_layers
 
     def micro_batch_spec(self, workload: TrainWorkload, options: RunOptions) -> MicroBatchSpec:
         return (MicroBatchSpec(max_token_len=options.max_token_len) if self.dynamic_bsz
@@ -150,6 +158,8 @@ SETTINGS = (
     ALL_ON,
     replace(ALL_ON, name=ALL_ON.name + ", no gradient checkpointing", gradient_checkpointing=False),
     replace(ALL_ON, name=ALL_ON.name + ", param + optimizer offload", offload=True),
+    replace(ALL_ON, name=ALL_ON.name + ", FSDP2 CPU offload policy", offload_policy=True),
+    replace(ALL_ON, name=ALL_ON.name + ", compiled layers", compile_layers=True),
 )
 BASELINE, UNFUSED = SETTINGS[0].name, SETTINGS[3].name  # the rows the speed-up and the fused saving compare with
 
@@ -217,7 +227,8 @@ def build_actor(model_dir: str, setting: Setting, workload: TrainWorkload, optio
         model_path=model_dir, role="actor", model_dtype=options.master_dtype, param_dtype=options.compute_dtype,
         attn_implementation=options.attn_implementation, enable_gradient_checkpointing=setting.gradient_checkpointing,
         use_remove_padding=setting.remove_padding, use_fused_kernels=setting.fused,
-        param_offload=setting.offload, optimizer_offload=setting.offload, seed=options.seed, optim=OptimOptions()))
+        param_offload=setting.offload, optimizer_offload=setting.offload, offload_policy=setting.offload_policy,
+        compile_layers=setting.compile_layers, seed=options.seed, optim=OptimOptions()))
     spec = setting.micro_batch_spec(workload, options)
     return Actor(engine, ActorOptions(
         mini_batch_samples=len(batch), micro_batch=spec, log_prob_micro_batch=spec, ppo_epochs=1, shuffle=False,
@@ -395,7 +406,8 @@ def main(argv: list[str] | None = None) -> int:
     ) if args.workload in (workload.name, "both")]
     for workload in workloads:
         workload.check()
-    settings = chosen_settings(args.settings)
+    settings = [setting for setting in chosen_settings(args.settings)
+                if accelerator_available() or not setting.needs_accelerator]
     env = environment(args.commit or git_commit(REPO_DIR))
     summaries = []
     with tempfile.TemporaryDirectory(prefix="ember-train-bench-") as work_dir:
