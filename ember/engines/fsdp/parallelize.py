@@ -15,6 +15,8 @@ step live in pinned CPU memory; each layer's weights are copied to the device to
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -33,8 +35,14 @@ def decoder_layers(model: PreTrainedModel) -> list[nn.Module]:
 
 
 def apply_activation_checkpointing(model: PreTrainedModel) -> None:
-    """Recompute each decoder layer's activations in backward instead of storing them."""
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    """Recompute each decoder layer's activations in backward instead of storing them (transformers
+    renamed the switch to `activation_checkpointing_enable` in 5.2x; the old name warns)."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None and "activation_checkpointing_kwargs" in inspect.signature(enable).parameters:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
 
 
 def apply_fsdp(model: PreTrainedModel, mesh: DeviceMesh, *, param_dtype: torch.dtype, reduce_dtype: torch.dtype,
