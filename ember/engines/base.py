@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -149,3 +150,13 @@ class TrainEngine(ABC):
     @abstractmethod
     def onload(self) -> None:
         """Bring back to the device what `offload` moved."""
+
+    @contextmanager
+    def resident(self) -> Iterator[TrainEngine]:
+        """On the device for the block (`onload`), back in CPU memory after it (`offload`): how the
+        trainer wraps each phase that uses the engine; both are no-ops when nothing is offloaded."""
+        self.onload()
+        try:
+            yield self
+        finally:
+            self.offload()

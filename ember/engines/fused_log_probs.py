@@ -114,7 +114,7 @@ class _FusedLogProbs(torch.autograd.Function):
     def forward(ctx, hidden: Tensor, weight: Tensor, targets: Tensor, temperature: float, compute_entropy: bool,
                 entropy_grad: bool, chunk_size: int) -> tuple[Tensor, Tensor | None]:
         tokens = hidden.shape[0]
-        targets = targets.long()
+        targets = targets.long().contiguous()  # the kernels index targets by row (a padded path passes a strided view)
         log_probs = torch.empty(tokens, dtype=torch.float32, device=hidden.device)
         logsumexp = torch.empty_like(log_probs)
         entropy = torch.empty_like(log_probs) if compute_entropy else None

@@ -104,10 +104,11 @@ def row_statistics(logits: Tensor, targets: Tensor, temperature: float,
 
 def logit_gradients(logits: Tensor, targets: Tensor, logsumexp: Tensor, grad_log_probs: Tensor | None,
                     grad_entropy: tuple[Tensor, Tensor] | None, temperature: float) -> Tensor:
-    """d(loss)/d(raw logits) (rows, vocab) in the logits' dtype, from the incoming gradients of the log-probs
-    and (with the saved entropy) of the entropy; the math of `fused_log_probs._grad_chunk_logits`."""
+    """d(loss)/d(raw logits) (rows, vocab) in the logits' dtype, written over `logits`, from the incoming
+    gradients of the log-probs and (with the saved entropy) of the entropy; the math of
+    `fused_log_probs._grad_chunk_logits`."""
     rows, vocab = logits.shape
-    grads = torch.empty_like(logits)
+    grads = logits  # in place: each program reads its block of logits before writing the block's gradient
     placeholder = logsumexp
     _logit_gradients_kernel[(rows, triton.cdiv(vocab, BLOCK))](
         logits, grads, targets, logsumexp,

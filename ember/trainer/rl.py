@@ -11,6 +11,7 @@ rank's contiguous share holds about as many tokens as the others (`balance.py`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -55,6 +56,14 @@ class RLTrainer:
         self.actor_version = 0  # actor updates made by this process; the rollout holds version `synced_version`
         self.synced_version: int | None = None
         self.rollout_asleep = False  # the rollout's KV cache is freed for training (rollout.free_cache_engine)
+        for engine in self.engines():  # fsdp_config.param/optimizer_offload: a role is on the device only in its phases
+            engine.offload()
+
+    def engines(self) -> list:
+        """The training engines of the run: actor, then reference and critic where the run has them."""
+        parts = self.parts
+        return [parts.actor.engine] + [engine for engine in (
+            parts.reference, parts.critic.engine if parts.critic is not None else None) if engine is not None]
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -93,7 +102,7 @@ class RLTrainer:
         cfg, parts = self.cfg, self.parts
         timings: dict[str, float] = {}
         with timed(timings, "step"):
-            with timed(timings, "gen"):
+            with timed(timings, "gen"), self.generating():
                 experience = generate_experience(self.rollout(), prompts, self.sampling(), parts.tokenizer,
                                                  parts.eos_token_ids, uid_prefix=f"step{self.step}")
             batch = experience.batch
@@ -115,7 +124,7 @@ class RLTrainer:
                 with timed(timings, "old_log_prob"):
                     batch.old_log_probs = parts.actor.compute_log_probs(batch)
             if parts.reference is not None:
-                with timed(timings, "ref"):
+                with timed(timings, "ref"), parts.reference.resident():
                     batch.ref_log_probs = parts.reference.forward(
                         batch, parts.reference_micro_batch, temperature=parts.actor.options.temperature).log_probs
             if parts.critic is not None:
@@ -143,8 +152,9 @@ class RLTrainer:
         """ReMax's baseline: the reward of one greedy response per prompt, for each of its samples."""
         parts = self.parts
         greedy = replace(self.sampling(), n=1, do_sample=False)
-        experience = generate_experience(self.rollout(), prompts, greedy, parts.tokenizer, parts.eos_token_ids,
-                                         uid_prefix=f"step{self.step}-greedy")
+        with self.generating():
+            experience = generate_experience(self.rollout(), prompts, greedy, parts.tokenizer, parts.eos_token_ids,
+                                             uid_prefix=f"step{self.step}-greedy")
         scores = score_experience(parts.reward_manager, experience).scores
         return scores.repeat_interleave(self.cfg.actor_rollout_ref.rollout.n)
 
@@ -174,10 +184,18 @@ class RLTrainer:
             rollout.wake()
             self.rollout_asleep = False
         if not rollout.shares_training_weights and self.synced_version != self.actor_version:
-            for bucket in self.parts.actor.engine.named_parameters_for_sync():
-                rollout.update_weights(bucket)
+            with self.parts.actor.engine.resident():
+                for bucket in self.parts.actor.engine.named_parameters_for_sync():
+                    rollout.update_weights(bucket)
             self.synced_version = self.actor_version
         return rollout
+
+    def generating(self):
+        """Where generation needs the actor's weights on the device: a rollout that generates with the
+        actor's own module (`hf`) keeps it resident for the block; an engine with its own copy needs nothing."""
+        if self.parts.rollout.shares_training_weights:
+            return self.parts.actor.engine.resident()
+        return contextlib.nullcontext()
 
     def sleep_rollout(self) -> None:
         """With rollout.free_cache_engine, hand the rollout's KV cache back for training until the next `rollout()`."""
@@ -198,8 +216,9 @@ class RLTrainer:
         cfg, parts = self.cfg, self.parts
         sampling = validation_sampling(cfg.actor_rollout_ref.rollout.val_kwargs, cfg.data.max_response_length,
                                        parts.eos_token_ids, seed=cfg.actor_rollout_ref.rollout.seed)
-        metrics, experiences = validate(self.rollout(), parts.val_dataset, parts.reward_manager, parts.tokenizer,
-                                        sampling, parts.eos_token_ids, batch_size=cfg.data.val_batch_size)
+        with self.generating():
+            metrics, experiences = validate(self.rollout(), parts.val_dataset, parts.reward_manager, parts.tokenizer,
+                                            sampling, parts.eos_token_ids, batch_size=cfg.data.val_batch_size)
         self.sleep_rollout()
         self.validation_history.append((self.step, metrics))
         shown = cfg.trainer.log_val_generations
@@ -217,9 +236,11 @@ class RLTrainer:
         parts = self.parts
 
         def write(directory: str) -> None:
-            parts.actor.engine.save(os.path.join(directory, "actor"))
+            with parts.actor.engine.resident():
+                parts.actor.engine.save(os.path.join(directory, "actor"))
             if parts.critic is not None:
-                parts.critic.engine.save(os.path.join(directory, "critic"))
+                with parts.critic.engine.resident():
+                    parts.critic.engine.save(os.path.join(directory, "critic"))
             if rank() == 0:
                 save_run_state(directory, step=self.step, loader=parts.train_loader.state_dict(),
                                kl_coef=self.kl_controller.value, validation_history=self.validation_history)
@@ -236,9 +257,11 @@ class RLTrainer:
         if path is None:
             return
         parts = self.parts
-        parts.actor.engine.load(os.path.join(path, "actor"))
+        with parts.actor.engine.resident():
+            parts.actor.engine.load(os.path.join(path, "actor"))
         if parts.critic is not None:
-            parts.critic.engine.load(os.path.join(path, "critic"))
+            with parts.critic.engine.resident():
+                parts.critic.engine.load(os.path.join(path, "critic"))
         state = load_run_state(path)
         self.step = state["step"]
         parts.train_loader.load_state_dict(state["loader"])

@@ -162,7 +162,7 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         use_remove_padding=use_remove_padding, use_fused_kernels=use_fused_kernels,
         reshard_after_forward=fsdp_config.reshard_after_forward, param_offload=fsdp_config.param_offload,
         optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy,
-        compile_layers=compile_layers and current_device().type != "cpu", seed=seed, optim=optim or OptimOptions()))
+        compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions()))
 
 
 def micro_batch_spec(use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None,

@@ -54,8 +54,9 @@ class Actor:
         self.policy_loss_fn = get_policy_loss_fn(options.policy_loss)
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
-        output = self.engine.forward(batch, self.options.log_prob_micro_batch,
-                                     temperature=self.options.temperature)
+        with self.engine.resident():
+            output = self.engine.forward(batch, self.options.log_prob_micro_batch,
+                                         temperature=self.options.temperature)
         return output.log_probs
 
     def needs_old_log_probs(self, num_samples: int) -> bool:
@@ -65,12 +66,13 @@ class Actor:
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         options = self.options
         results = []
-        for mini_batch in iterate_mini_batches(batch, options.mini_batch_samples, options.ppo_epochs,
-                                               options.shuffle, seed=options.seed + step):
-            results.append(self.engine.train_mini_batch(
-                mini_batch, self._loss, options.micro_batch,
-                compute_entropy=True, temperature=options.temperature,
-                entropy_grad=options.entropy_coeff != 0))
+        with self.engine.resident():
+            for mini_batch in iterate_mini_batches(batch, options.mini_batch_samples, options.ppo_epochs,
+                                                   options.shuffle, seed=options.seed + step):
+                results.append(self.engine.train_mini_batch(
+                    mini_batch, self._loss, options.micro_batch,
+                    compute_entropy=True, temperature=options.temperature,
+                    entropy_grad=options.entropy_coeff != 0))
         return {f"actor/{key}": value for key, value in average_metrics(results).items()}
 
     def _loss(self, output: ModelOutput, batch: Batch, context: LossContext) -> tuple[torch.Tensor, dict[str, float]]:

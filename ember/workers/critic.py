@@ -36,13 +36,15 @@ class Critic:
         self.options = options
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
-        return self.engine.forward(batch, self.options.forward_micro_batch).values
+        with self.engine.resident():
+            return self.engine.forward(batch, self.options.forward_micro_batch).values
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         options = self.options
-        results = [self.engine.train_mini_batch(mini_batch, self._loss, options.micro_batch)
-                   for mini_batch in iterate_mini_batches(batch, options.mini_batch_samples, options.ppo_epochs,
-                                                          options.shuffle, seed=options.seed + step)]
+        with self.engine.resident():
+            results = [self.engine.train_mini_batch(mini_batch, self._loss, options.micro_batch)
+                       for mini_batch in iterate_mini_batches(batch, options.mini_batch_samples, options.ppo_epochs,
+                                                              options.shuffle, seed=options.seed + step)]
         return {f"critic/{key}": value for key, value in average_metrics(results).items()}
 
     def _loss(self, output: ModelOutput, batch: Batch, context: LossContext) -> tuple[torch.Tensor, dict[str, float]]:

@@ -229,12 +229,13 @@ def test_bf16_compute_keeps_fp32_master_weights(model_dir):
     assert all(tensor.dtype == torch.bfloat16 for bucket in engine.named_parameters_for_sync() for _, tensor in bucket)
 
 
-def test_compile_layers_compiles_each_decoder_layer_forward_under_its_own_names(model_dir):
-    plain = FSDPEngine(engine_options(model_dir, enable_gradient_checkpointing=True))
-    compiled = FSDPEngine(engine_options(model_dir, enable_gradient_checkpointing=True, compile_layers=True))
-    layers = compiled.module().model.layers
-    # torch.compile wraps the (checkpointing) forward: the wrapper keeps the original callable
-    assert all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in layers)
-    assert not any(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in plain.module().model.layers)
-    assert [name for name, _ in compiled.module().named_parameters()] == [
-        name for name, _ in plain.module().named_parameters()]
+def test_compile_decoder_layers_compiles_each_layer_forward_and_a_cpu_engine_ignores_the_switch(model_dir):
+    from ember.engines.fsdp.parallelize import compile_decoder_layers
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    names = [name for name, _ in model.named_parameters()]
+    compile_decoder_layers(model)  # torch.compile wraps each layer's forward, keeping the original callable
+    assert all(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in model.model.layers)
+    assert [name for name, _ in model.named_parameters()] == names
+    engine = FSDPEngine(engine_options(model_dir, compile_layers=True))
+    assert not any(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in engine.module().model.layers)

@@ -148,3 +148,9 @@ def test_resource_pools_must_fit_the_nodes_and_name_known_roles():
     assert "names no role" in error_of(base + ["resource_pool.pools={train: [4]}", "resource_pool.mapping={actr: train}"])
     assert "names no pool" in error_of(base + ["resource_pool.pools={train: [4]}", "resource_pool.mapping={critic: other}"])
     assert "for each of the 1 node(s)" in error_of(base + ["resource_pool.pools={train: [4, 4]}"])
+
+
+def test_the_hf_rollout_refuses_an_actor_under_the_cpu_offload_policy():
+    message = error_of(["actor_rollout_ref.rollout.name=hf", f"{ACTOR}.fsdp_config.offload_policy=True"])
+    assert "rollout.name=hf" in message and "use actor_rollout_ref.rollout.name=ember" in message
+    load_config(["actor_rollout_ref.rollout.name=ember", f"{ACTOR}.fsdp_config.offload_policy=True"])

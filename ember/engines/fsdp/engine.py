@@ -73,7 +73,8 @@ class EngineOptions:
     times (each layer is copied to the accelerator to compute); param/optimizer_offload then have
     nothing left to move."""
     compile_layers: bool = False
-    """torch.compile each decoder layer's forward (`parallelize.compile_decoder_layers`)."""
+    """torch.compile each decoder layer's forward (`parallelize.compile_decoder_layers`) on an accelerator;
+    ignored on CPU (compiling there costs more than it saves)."""
     seed: int = 42
     """Seed for anything initialised rather than loaded (a critic's value head)."""
     optim: OptimOptions = field(default_factory=OptimOptions)
@@ -113,9 +114,11 @@ class FSDPEngine(TrainEngine):
             attn_implementation=packed_attention_implementation(
                 options.attn_implementation, options.use_remove_padding, self.device, resolve_dtype(options.param_dtype)),
             gradient_checkpointing=options.enable_gradient_checkpointing,
-            # At world size 1 resharding frees nothing worth re-gathering for in backward.
-            reshard_after_forward=options.reshard_after_forward and self.dp_size > 1,
-            offload_policy=options.offload_policy, compile_layers=options.compile_layers)
+            # At world size 1 resharding frees nothing worth re-gathering for in backward, except under
+            # the offload policy: there the gathered layers are the only copies on the device.
+            reshard_after_forward=(options.reshard_after_forward and self.dp_size > 1) or options.offload_policy,
+            offload_policy=options.offload_policy,
+            compile_layers=options.compile_layers and self.device.type != "cpu")
         self.optimizer = (build_optimizer(self.model.parameters(), options.optim, on_cpu=options.offload_policy)
                           if options.trains else None)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, options.optim) if options.trains else None

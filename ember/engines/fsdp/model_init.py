@@ -61,7 +61,7 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
 def offload_shards(model: nn.Module) -> None:
     """Move an offload-policy FSDP2 module's parameter shards to CPU memory (FSDP2 pins them
     when it first runs); buffers are not sharded and go back to the device they were on."""
-    buffer_devices = {name: buffer.device for name, buffer in model.named_buffers()}
+    buffer_devices = {name: buffer.device for name, buffer in model.named_buffers(remove_duplicate=False)}
     model.to(torch.device("cpu"))
     for module_name, module in model.named_modules():
         for name, buffer in module.named_buffers(recurse=False):

@@ -92,8 +92,11 @@ def fuse_linears(linears: Sequence[nn.Linear]) -> tuple[Tensor, Tensor | None]:
     Each linear keeps its parameters under its own name, now views of the fused tensors: a
     weight loaded by its checkpoint name (copied in place) fills its rows of the fused one.
     """
-    weight = torch.cat([linear.weight.data for linear in linears])
     has_bias = linears[0].bias is not None
+    if any((linear.bias is not None) != has_bias or linear.in_features != linears[0].in_features
+           or linear.weight.dtype != linears[0].weight.dtype for linear in linears):
+        raise ValueError("fuse_linears needs projections of one input with the same dtype, all with or all without bias")
+    weight = torch.cat([linear.weight.data for linear in linears])
     bias = torch.cat([linear.bias.data for linear in linears]) if has_bias else None
     start = 0
     for linear in linears:
