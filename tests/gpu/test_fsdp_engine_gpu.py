@@ -72,6 +72,7 @@ def test_offload_policy_keeps_shards_on_cpu_and_trains_like_the_resident_engine(
     mask = batch.response_mask.bool()
     torch.testing.assert_close(offloaded.forward(batch, micro_batch_size=2).log_probs[mask],
                                resident.forward(batch, micro_batch_size=2).log_probs[mask], atol=2e-2, rtol=0)
+    assert local_devices(offloaded.module().parameters()) == {"cpu"}  # resharded after forward: no copy stays
     synced = dict(pair for bucket in offloaded.named_parameters_for_sync() for pair in bucket)
     assert not offloaded.syncs_live_parameters
     assert {(tensor.device.type, tensor.dtype) for tensor in synced.values()} == {(device_type(), torch.bfloat16)}
