@@ -92,7 +92,9 @@ def test_train_passes_the_loaded_config_to_run_rl(monkeypatch, tmp_path):
     received = []
     fake_module(monkeypatch, "ember.trainer.rl", run_rl=lambda cfg: received.append(cfg) or 0)
     (tmp_path / "runs").mkdir()
-    (tmp_path / "runs/grpo.yaml").write_text("algorithm: {adv_estimator: grpo}\n")
+    # a model named: the run itself, not the built-in demo (whose warm start would train for minutes here)
+    (tmp_path / "runs/grpo.yaml").write_text("algorithm: {adv_estimator: grpo}\n"
+                                             "actor_rollout_ref: {model: {path: /models/qwen}}\n")
     assert main(["train", "--config-path", str(tmp_path), "--config-name", "runs/grpo", "actor_rollout_ref.rollout.n=4"]) == 0
     (cfg,) = received
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 4
