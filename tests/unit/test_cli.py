@@ -88,6 +88,15 @@ def test_real_run_refuses_megatron_before_training(monkeypatch, capsys):
     assert capsys.readouterr().err == "error: actor_rollout_ref.actor.strategy=megatron is not implemented yet; use fsdp\n"
 
 
+def test_train_without_a_model_or_data_runs_the_builtin_demo_with_the_users_overrides_on_top(monkeypatch):
+    received = []
+    fake_module(monkeypatch, "ember.trainer.builtin", run_builtin=lambda cfg: received.append(cfg) or 0)
+    fake_module(monkeypatch, "ember.trainer.rl", run_rl=lambda cfg: pytest.fail("the demo, not a plain run"))
+    assert main(["train", "actor_rollout_ref.rollout.n=4"]) == 0
+    (cfg,) = received
+    assert cfg.trainer.experiment_name == "builtin-arithmetic" and cfg.actor_rollout_ref.rollout.n == 4
+
+
 def test_train_passes_the_loaded_config_to_run_rl(monkeypatch, tmp_path):
     received = []
     fake_module(monkeypatch, "ember.trainer.rl", run_rl=lambda cfg: received.append(cfg) or 0)
