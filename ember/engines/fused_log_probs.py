@@ -69,6 +69,12 @@ def _check_inputs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: 
     if hidden.dtype != weight.dtype:
         raise ValueError(f"hidden is {hidden.dtype} and weight is {weight.dtype}: cast both to the compute dtype "
                          "(the LM head's matrix product runs in one dtype)")
+    if targets.numel():  # one small sync; the kernels would read out of bounds where PyTorch raises deep inside
+        lowest, highest = (int(value) for value in torch.aminmax(targets))
+        if lowest < 0 or highest >= weight.shape[0]:
+            raise ValueError(f"token id {highest if highest >= weight.shape[0] else lowest} is outside the LM head's "
+                             f"vocabulary of {weight.shape[0]}: the tokenizer has ids the model has no row for "
+                             "(resize the model's embeddings to the tokenizer, or check the data's token ids)")
 
 
 def _uses_kernels(hidden: Tensor) -> bool:

@@ -157,3 +157,9 @@ def test_invalid_arguments_fail_with_what_to_change():
         fused_log_probs(hidden, weight, targets[:-1])
     with pytest.raises(ValueError, match="cast both"):
         fused_log_probs(hidden, weight.bfloat16(), targets)
+    too_large = targets.clone()
+    too_large[3] = weight.shape[0]
+    with pytest.raises(ValueError, match=f"token id {weight.shape[0]} is outside the LM head's vocabulary"):
+        fused_log_probs(hidden, weight, too_large)
+    with pytest.raises(ValueError, match="token id -1 is outside"):
+        fused_log_probs(hidden, weight, targets - targets - 1)
