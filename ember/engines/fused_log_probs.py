@@ -77,9 +77,12 @@ def _check_inputs(hidden: Tensor, weight: Tensor, targets: Tensor, temperature: 
                              "(resize the model's embeddings to the tokenizer, or check the data's token ids)")
 
 
+_HAS_TRITON = importlib.util.find_spec("triton") is not None
+
+
 def _uses_kernels(hidden: Tensor) -> bool:
     """Whether the chunks' softmax work runs in the Triton kernels (CUDA with Triton importable)."""
-    return hidden.is_cuda and importlib.util.find_spec("triton") is not None
+    return hidden.is_cuda and _HAS_TRITON
 
 
 def _chunk_statistics(hidden_chunk: Tensor, weight: Tensor, targets: Tensor, temperature: float,

@@ -96,7 +96,7 @@ def paged_attention(
     steps on CUDA run the Triton kernel that reads the blocks in place; everything else
     gathers (`gathered_attention`, the reference the kernel is tested against).
     """
-    if inputs.is_decode and queries.is_cuda and decode_kernel_supports(queries.shape[-1]):
+    if inputs.is_decode and queries.is_cuda and kernels_support_head_dim(queries.shape[-1]):
         from ember.inference.kernels.paged_decode import paged_decode_attention
 
         return paged_decode_attention(
@@ -105,8 +105,9 @@ def paged_attention(
     return gathered_attention(queries, key_cache, value_cache, inputs, scale, sliding_window)
 
 
-def decode_kernel_supports(head_dim: int) -> bool:
-    """Whether the Triton decode kernel handles this head size (a power of two, at least 16)."""
+def kernels_support_head_dim(head_dim: int) -> bool:
+    """Whether ember's Triton kernels (paged decode attention, RoPE + cache write) handle this head size
+    (a power of two, at least 16)."""
     return head_dim >= 16 and head_dim & (head_dim - 1) == 0
 
 

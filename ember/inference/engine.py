@@ -22,7 +22,7 @@ from torch import Tensor
 from transformers import PretrainedConfig
 
 from ember.distributed.device import empty_cache
-from ember.inference.attention import decode_kernel_supports
+from ember.inference.attention import kernels_support_head_dim
 from ember.inference.block_manager import BlockManager
 from ember.inference.config import EngineConfig
 from ember.inference.decode_runner import DecodeRunner
@@ -82,7 +82,7 @@ class LLMEngine:
         bf16 on sm90+."""
         if self.device.type != "cuda":
             return True
-        if not decode_kernel_supports(self.model.head_dim):
+        if not kernels_support_head_dim(self.model.head_dim):
             return False
         if not any(self.model.spec.sparse_layers):
             return True

@@ -62,8 +62,12 @@ class RLTrainer:
     def engines(self) -> list:
         """The training engines of the run: actor, then reference and critic where the run has them."""
         parts = self.parts
-        return [parts.actor.engine] + [engine for engine in (
-            parts.reference, parts.critic.engine if parts.critic is not None else None) if engine is not None]
+        engines = [parts.actor.engine]
+        if parts.reference is not None:
+            engines.append(parts.reference)
+        if parts.critic is not None:
+            engines.append(parts.critic.engine)
+        return engines
 
     # --- the loop ------------------------------------------------------------------------------
 

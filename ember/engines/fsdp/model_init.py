@@ -15,11 +15,11 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from transformers import PreTrainedModel
 
 from ember.distributed.device import rank
+from ember.engines.fsdp.offload import CPU, move_parameters
 from ember.engines.fsdp.parallelize import parallelize_model
 from ember.models.loading import build_model_on_meta, load_model, load_model_config, resolve_dtype
 
@@ -52,17 +52,8 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
                 buffer.copy_(loaded_buffers[name])
             dist.broadcast(buffer, src=0)
     if offload_policy:  # loaded on the device (the broadcast needs it there); the shards now move to CPU
-        offload_shards(model)
+        move_parameters(model, CPU, buffers_stay_on=device)
     if pretrained is not None and pretrained.can_generate():
         model.generation_config = pretrained.generation_config  # the checkpoint's; only rank 0 exports
     return model
 
-
-def offload_shards(model: nn.Module) -> None:
-    """Move an offload-policy FSDP2 module's parameter shards to CPU memory (FSDP2 pins them
-    when it first runs); buffers are not sharded and go back to the device they were on."""
-    buffer_devices = {name: buffer.device for name, buffer in model.named_buffers(remove_duplicate=False)}
-    model.to(torch.device("cpu"))
-    for module_name, module in model.named_modules():
-        for name, buffer in module.named_buffers(recurse=False):
-            module._buffers[name] = buffer.to(buffer_devices[f"{module_name}.{name}" if module_name else name])

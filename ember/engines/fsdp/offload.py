@@ -18,9 +18,15 @@ from ember.distributed.device import empty_cache
 CPU = torch.device("cpu")
 
 
-def move_parameters(model: nn.Module, device: torch.device) -> None:
-    """Move the FSDP2 module's sharded parameters (and buffers) to `device`."""
+def move_parameters(model: nn.Module, device: torch.device, buffers_stay_on: torch.device | None = None) -> None:
+    """Move the FSDP2 module's sharded parameters (and buffers) to `device`; with `buffers_stay_on`,
+    the buffers (not sharded: RoPE tables) go there instead (FSDP2's offload policy computes with
+    device buffers over CPU shards, which it pins when it first runs)."""
     model.to(device)
+    if buffers_stay_on is not None:
+        for module in model.modules():
+            for name, buffer in module.named_buffers(recurse=False):
+                module._buffers[name] = buffer.to(buffers_stay_on)
     if device == CPU:
         empty_cache()
 

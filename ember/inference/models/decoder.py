@@ -110,9 +110,8 @@ class Attention(nn.Module):
 
     def fuse_projections(self) -> list[str]:
         """Compute q, k and v in one matrix product from now on; returns the parameters that became views."""
-        projections = ("q_proj", "k_proj", "v_proj")
-        self.qkv_weight, self.qkv_bias = fuse_linears([getattr(self, name) for name in projections])
-        return [f"{name}.{kind}" for name in projections for kind, _ in getattr(self, name).named_parameters()]
+        self.qkv_weight, self.qkv_bias, views = fuse_linears(self, ("q_proj", "k_proj", "v_proj"))
+        return views
 
     def _project(self, states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (tokens, heads, head_dim), keys and values (tokens, kv_heads, head_dim) of `states`."""

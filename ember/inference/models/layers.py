@@ -85,13 +85,15 @@ class RMSNorm(nn.Module):
         return add_rms_norm(states, residual, self.weight, self.eps)
 
 
-def fuse_linears(linears: Sequence[nn.Linear]) -> tuple[Tensor, Tensor | None]:
-    """One weight (and bias) computing all of `linears` of the same input in one matrix product,
-    their outputs side by side in the given order.
+def fuse_linears(owner: nn.Module, names: Sequence[str]) -> tuple[Tensor, Tensor | None, list[str]]:
+    """One weight (and bias) computing the `owner`'s linears `names` (of the same input) in one matrix
+    product, their outputs side by side in the given order; and the parameter names (under `owner`)
+    that became views.
 
     Each linear keeps its parameters under its own name, now views of the fused tensors: a
     weight loaded by its checkpoint name (copied in place) fills its rows of the fused one.
     """
+    linears = [getattr(owner, name) for name in names]
     has_bias = linears[0].bias is not None
     if any((linear.bias is not None) != has_bias or linear.in_features != linears[0].in_features
            or linear.weight.dtype != linears[0].weight.dtype for linear in linears):
@@ -105,7 +107,8 @@ def fuse_linears(linears: Sequence[nn.Linear]) -> tuple[Tensor, Tensor | None]:
         if has_bias:
             linear.bias.data = bias[rows]
         start = rows.stop
-    return weight, bias
+    views = [f"{name}.{kind}" for name, linear in zip(names, linears) for kind, _ in linear.named_parameters()]
+    return weight, bias, views
 
 
 class MLP(nn.Module):
@@ -121,8 +124,8 @@ class MLP(nn.Module):
 
     def fuse_projections(self) -> list[str]:
         """Compute gate and up in one matrix product from now on; returns the parameters that became views."""
-        self.gate_up_weight, self.gate_up_bias = fuse_linears([self.gate_proj, self.up_proj])
-        return [f"{name}.{kind}" for name in ("gate_proj", "up_proj") for kind, _ in getattr(self, name).named_parameters()]
+        self.gate_up_weight, self.gate_up_bias, views = fuse_linears(self, ("gate_proj", "up_proj"))
+        return views
 
     def forward(self, states: Tensor) -> Tensor:
         if self.gate_up_weight is None:

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from ember.inference.attention import write_kv_cache
+from ember.inference.attention import kernels_support_head_dim, write_kv_cache
 from ember.inference.models.layers import rotate_queries_keys
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
@@ -92,7 +92,7 @@ class RotaryEmbedding(nn.Module):
         """Rotate queries and keys by position, write the keys and values (tokens, kv_heads, head_dim) to their
         cache slots; returns the rotated queries (tokens, heads, head_dim)."""
         key_cache, value_cache = kv_cache
-        if queries.is_cuda and rope_kernel_supports(self.head_dim) and keys.dtype == key_cache.dtype:
+        if queries.is_cuda and kernels_support_head_dim(self.head_dim) and keys.dtype == key_cache.dtype:
             from ember.inference.kernels.rope_cache import rope_and_cache
 
             return rope_and_cache(queries, keys, values, self.cos, self.sin, positions, key_cache, value_cache, slot_mapping)
@@ -100,7 +100,3 @@ class RotaryEmbedding(nn.Module):
         write_kv_cache(keys, values, key_cache, value_cache, slot_mapping)
         return queries
 
-
-def rope_kernel_supports(head_dim: int) -> bool:
-    """Whether the Triton rotate-and-cache kernel handles this head size (twice a power of two, at least 16)."""
-    return head_dim >= 16 and head_dim & (head_dim - 1) == 0
