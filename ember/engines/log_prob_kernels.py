@@ -6,7 +6,8 @@ over that [chunk, vocab] float32 tensor (logsumexp, gather, the entropy's softma
 backward's softmax, scaling and cast). These kernels read the compute-dtype logits once:
 
     `row_statistics`: per row an online logsumexp (running max, rescaled sums of exp(z) and
-    of exp(z)·z), giving lse, the target's log-prob and the entropy lse - Σp·z;
+    of exp(z - max)·(z - max)), giving lse, the target's log-prob and the entropy
+    lse - Σp·z, taken about the row's max so large logits lose no precision;
     `logit_gradients`: per (row, vocab block) d(loss)/d(raw logits) from lse (and H), written
     straight in the compute dtype for the two gradient matrix products.
 
@@ -44,9 +45,10 @@ def _row_statistics_kernel(
         new_max = tl.maximum(running_max, z)
         rescale = tl.exp(running_max - new_max)
         exponentials = tl.where(valid, tl.exp(z - new_max), 0.0)
+        if COMPUTE_ENTROPY:  # Σ exp(z - m)·(z - m) about the lane's max m, moved to the new max first
+            shifted_sum = weighted_sum + (running_max - new_max) * exp_sum
+            weighted_sum = shifted_sum * rescale + exponentials * tl.where(valid, z - new_max, 0.0)
         exp_sum = exp_sum * rescale + exponentials
-        if COMPUTE_ENTROPY:
-            weighted_sum = weighted_sum * rescale + exponentials * tl.where(valid, z, 0.0)
         running_max = new_max
     row_max = tl.max(running_max, 0)
     lane_scale = tl.exp(running_max - row_max)
@@ -57,7 +59,10 @@ def _row_statistics_kernel(
     tl.store(log_probs_ptr + row, target_logit - logsumexp)
     tl.store(logsumexp_ptr + row, logsumexp)
     if COMPUTE_ENTROPY:
-        tl.store(entropy_ptr + row, logsumexp - tl.sum(weighted_sum * lane_scale, 0) / total)
+        # H = lse - Σp·z = log(total) - Σ exp(z - M)·(z - M) / total about the row's max M: no
+        # difference of two large numbers when the logits are large.
+        centred_sum = tl.sum((weighted_sum + (running_max - row_max) * exp_sum) * lane_scale, 0)
+        tl.store(entropy_ptr + row, tl.log(total) - centred_sum / total)
 
 
 @triton.jit

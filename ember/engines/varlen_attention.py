@@ -17,7 +17,6 @@ attention sinks) are refused rather than ignored.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import inspect
 
@@ -48,6 +47,7 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
+    _varlen_parameters()  # resolved here, before any compiled layer calls the attention
     AttentionInterface.register(NAME, varlen_attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, _mask_for_padded_inputs)
 
@@ -92,12 +92,14 @@ def varlen_attention_forward(
             f"ember_varlen attention cannot apply {', '.join(k for k, v in unsupported.items() if v)}: "
             "set attn_implementation=sdpa (or flash_attention_2 where installed) for this model")
     queries, keys, values = (states[0].transpose(0, 1) for states in (query, key, value))  # (T, heads, dim)
+    arguments = _causal_arguments(scaling, sliding_window, queries.shape[-1])
     groups = queries.shape[1] // keys.shape[1]
-    if groups > 1:
+    if groups > 1 and "enable_gqa" in _varlen_parameters():
+        arguments["enable_gqa"] = True  # the kernel reads each key/value head for its group of query heads
+    elif groups > 1:
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
     cu = cu_seq_lens_q.to(device=queries.device, dtype=torch.int32)
-    output = varlen_attn(queries, keys, values, cu, cu, max_length_q, max_length_q, **_causal_arguments(
-        scaling, sliding_window, queries.shape[-1]))
+    output = varlen_attn(queries, keys, values, cu, cu, max_length_q, max_length_q, **arguments)
     return output.unsqueeze(0), None
 
 
@@ -106,12 +108,18 @@ def _restarts(position_ids: Tensor | None) -> bool:
     return position_ids is not None and bool((position_ids[0, 1:] == 0).any())
 
 
-@functools.cache
-def _varlen_parameters() -> frozenset[str]:
-    """The keyword names this PyTorch's varlen_attn takes (read once, not per layer call)."""
-    from torch.nn.attention.varlen import varlen_attn
+_VARLEN_PARAMETERS: frozenset[str] = frozenset()
 
-    return frozenset(inspect.signature(varlen_attn).parameters)
+
+def _varlen_parameters() -> frozenset[str]:
+    """The keyword names this PyTorch's varlen_attn takes, read once into a module constant (a plain
+    global, so torch.compile reads it instead of tracing `inspect.signature` in every layer)."""
+    global _VARLEN_PARAMETERS
+    if not _VARLEN_PARAMETERS:
+        from torch.nn.attention.varlen import varlen_attn
+
+        _VARLEN_PARAMETERS = frozenset(inspect.signature(varlen_attn).parameters)
+    return _VARLEN_PARAMETERS
 
 
 def _causal_arguments(scale: float | None, sliding_window: int | None, head_dim: int) -> dict:
