@@ -36,16 +36,27 @@ def test_bf16_training_with_checkpointing_and_offload(tmp_path):
     mask = batch.response_mask.bool()
     torch.testing.assert_close(output.log_probs[mask], expected[mask], atol=0.05, rtol=0)
 
-    losses = []
+    losses, host_pointers = [], []
     for _ in range(4):
         losses.append(engine.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)["loss"])
         allocated = torch.accelerator.memory_allocated()
+        before = [p.to_local().clone() for p in engine.module().parameters()]
+        moments = [state["exp_avg"].to_local().clone() for state in engine.optimizer.state.values()]
         engine.offload()
         assert local_devices(engine.module().parameters()) == {"cpu"}
         assert local_devices(state["exp_avg"] for state in engine.optimizer.state.values()) == {"cpu"}
         assert torch.accelerator.memory_allocated() < allocated
+        offloaded = [p.to_local() for p in engine.module().parameters()]
+        offloaded += [state["exp_avg"].to_local() for state in engine.optimizer.state.values()]
+        assert all(tensor.is_pinned() for tensor in offloaded)  # the bus's speed, no staging copies
+        host_pointers.append([tensor.data_ptr() for tensor in offloaded])  # pinned once, then reused
         engine.onload()
         assert local_devices(engine.module().parameters()) == {device_type()}
+        for expected, actual in zip(before, engine.module().parameters()):
+            assert torch.equal(actual.to_local(), expected)
+        for expected, state in zip(moments, engine.optimizer.state.values()):
+            assert torch.equal(state["exp_avg"].to_local(), expected)
+    assert all(pointers == host_pointers[0] for pointers in host_pointers)
     assert all(later < earlier for earlier, later in zip(losses, losses[1:])), losses
 
 

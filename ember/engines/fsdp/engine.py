@@ -29,7 +29,7 @@ from ember.distributed.device import current_device, device_type, init_distribut
 from ember.engines.base import LossContext, LossFn, MicroBatchSpec, ModelOutput, TrainEngine
 from ember.engines.fsdp.checkpoint import export_hf_model, load_checkpoint, save_checkpoint
 from ember.engines.fsdp.model_init import build_sharded_model
-from ember.engines.fsdp.offload import CPU, move_optimizer_state, move_parameters
+from ember.engines.fsdp.offload import CPU, HostCopies, move_optimizer_state, move_parameters
 from ember.engines.log_probs import compute_response_log_probs
 from ember.engines.micro_batches import min_micro_batch_count, plan_micro_batches, trim_columns, used_extents
 from ember.engines.optim import OptimOptions, build_lr_scheduler, build_optimizer
@@ -122,6 +122,7 @@ class FSDPEngine(TrainEngine):
         self.optimizer = (build_optimizer(self.model.parameters(), options.optim, on_cpu=options.offload_policy)
                           if options.trains else None)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, options.optim) if options.trains else None
+        self.host_copies = HostCopies()  # where offload() puts shards and optimizer state (pinned on CUDA)
 
     # --- computing -------------------------------------------------------------------------
 
@@ -292,9 +293,9 @@ class FSDPEngine(TrainEngine):
         if self.options.offload_policy:  # everything FSDP2 holds is in CPU memory already
             return
         if self.options.param_offload:
-            move_parameters(self.model, CPU)
+            move_parameters(self.model, CPU, host=self.host_copies)
         if self.options.optimizer_offload and self.optimizer is not None:
-            move_optimizer_state(self.optimizer, CPU)
+            move_optimizer_state(self.optimizer, CPU, host=self.host_copies)
 
     def onload(self) -> None:
         if self.options.offload_policy:

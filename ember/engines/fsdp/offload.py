@@ -5,24 +5,75 @@ accelerators; what a role does not need in the current phase goes to CPU memory 
 back before its next use. Only sharded state moves (each rank moves its 1/N), and moving
 is only legal between steps: gradients must have been cleared (the engine zeroes them with
 `set_to_none` after every optimizer step).
+
+Offloaded tensors land in `HostCopies`: one pinned CPU buffer per tensor, made on the first
+offload and rewritten on every later one. A copy from pageable memory is staged through a
+driver buffer and waits for the device at every call; pinning is slow too (seconds for a
+few gigabytes), so it happens once. Copies both ways are then asynchronous at the bus's
+speed; offloading ends with one wait for them, so the CPU copies are complete when it returns.
 """
 
 from __future__ import annotations
 
+from itertools import chain
+
 import torch
-from torch import nn
+from torch import Tensor, nn
+from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
-from ember.distributed.device import empty_cache
+from ember.distributed.device import empty_cache, synchronize
 
 CPU = torch.device("cpu")
 
 
-def move_parameters(model: nn.Module, device: torch.device, buffers_stay_on: torch.device | None = None) -> None:
-    """Move the FSDP2 module's sharded parameters (and buffers) to `device`; with `buffers_stay_on`,
-    the buffers (not sharded: RoPE tables) go there instead (FSDP2's offload policy computes with
-    device buffers over CPU shards, which it pins when it first runs)."""
-    model.to(device)
+class HostCopies:
+    """Pinned CPU buffers that offloaded tensors are copied into, one per key, kept between offloads
+    (plain CPU copies where CUDA is absent: there is no pinned memory to use)."""
+
+    def __init__(self) -> None:
+        self.pinned = torch.cuda.is_available()
+        self._buffers: dict[str, Tensor] = {}
+
+    def store(self, key: str, tensor: Tensor) -> Tensor:
+        """A CPU tensor holding `tensor`'s values (a DTensor with the same layout for a DTensor), in the
+        buffer kept for `key`; the copy may still be running until `synchronize()`."""
+        if not self.pinned or tensor.device.type == "cpu":
+            return tensor.to(CPU)
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
+            buffer = self._buffers[key] = torch.empty(local.shape, dtype=local.dtype, pin_memory=True)
+        buffer.copy_(local, non_blocking=True)
+        if isinstance(tensor, DTensor):
+            return DTensor.from_local(buffer, tensor.device_mesh, tensor.placements, run_check=False,
+                                      shape=tensor.shape, stride=tensor.stride())
+        return buffer
+
+    @property
+    def nbytes(self) -> int:
+        """CPU memory pinned so far."""
+        return sum(buffer.numel() * buffer.element_size() for buffer in self._buffers.values())
+
+
+def _to_device(tensor: Tensor, device: torch.device) -> Tensor:
+    return tensor.to(device, non_blocking=True)
+
+
+def move_parameters(model: nn.Module, device: torch.device, buffers_stay_on: torch.device | None = None,
+                    host: HostCopies | None = None) -> None:
+    """Move the FSDP2 module's sharded parameters (and buffers) to `device`, to CPU through `host`'s
+    buffers where given; with `buffers_stay_on`, the buffers (not sharded: RoPE tables) go there
+    instead (FSDP2's offload policy computes with device buffers over CPU shards, which it pins
+    when it first runs)."""
+    if device == CPU and host is not None:
+        names = {id(tensor): name for name, tensor in chain(model.named_parameters(), model.named_buffers())}
+        # nn.Module._apply is what Module.to runs (FSDP2 re-points its shards after it as after .to)
+        model._apply(lambda tensor: host.store(names[id(tensor)], tensor) if id(tensor) in names
+                     else tensor.to(CPU))
+        synchronize()
+    else:
+        model._apply(lambda tensor: _to_device(tensor, device))
     if buffers_stay_on is not None:
         for module in model.modules():
             for name, buffer in module.named_buffers(recurse=False):
@@ -31,15 +82,21 @@ def move_parameters(model: nn.Module, device: torch.device, buffers_stay_on: tor
         empty_cache()
 
 
-def move_optimizer_state(optimizer: Optimizer, device: torch.device) -> None:
-    """Move the optimizer's per-parameter state tensors (AdamW moments) to `device`.
+def move_optimizer_state(optimizer: Optimizer, device: torch.device, host: HostCopies | None = None) -> None:
+    """Move the optimizer's per-parameter state tensors (AdamW moments) to `device`, to CPU through
+    `host`'s buffers where given.
 
     Scalars stay where the optimizer made them: AdamW keeps its step counts on the CPU
     unless it is capturable, and they are a few bytes.
     """
-    for state in optimizer.state.values():
+    for index, state in enumerate(optimizer.state.values()):
         for key, value in state.items():
-            if isinstance(value, torch.Tensor) and value.dim() > 0:
-                state[key] = value.to(device)
+            if not (isinstance(value, Tensor) and value.dim() > 0):
+                continue
+            if device == CPU and host is not None:
+                state[key] = host.store(f"optimizer.{index}.{key}", value)
+            else:
+                state[key] = _to_device(value, device)
     if device == CPU:
+        synchronize()
         empty_cache()
