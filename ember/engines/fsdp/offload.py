@@ -46,8 +46,9 @@ class HostCopies:
             buffer = self._buffers[key] = torch.empty(local.shape, dtype=local.dtype, pin_memory=True)
         buffer.copy_(local, non_blocking=True)
         if isinstance(tensor, DTensor):
-            return DTensor.from_local(buffer, tensor.device_mesh, tensor.placements, run_check=False,
-                                      shape=tensor.shape, stride=tensor.stride())
+            # DTensor's own constructor, as its CPU copies get it: from_local would move the buffer
+            # back to the mesh's device type.
+            return DTensor(buffer, tensor._spec, requires_grad=False)
         return buffer
 
     @property
