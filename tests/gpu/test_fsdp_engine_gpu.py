@@ -1,6 +1,7 @@
 """The FSDP2 engine on an accelerator: bf16 compute over fp32 master weights, activation
 checkpointing, offload that really moves shards and optimizer state off the device, and
-FSDP2's CPUOffloadPolicy (shards and optimizer on CPU for good) training like the resident engine."""
+FSDP2's CPUOffloadPolicy (shards and optimizer on CPU for good) training like the resident engine,
+compiled layers (packed and padded) training like eager ones, and checkpoints of offloaded engines."""
 
 import pytest
 import torch
@@ -89,10 +90,11 @@ def test_offload_policy_keeps_shards_on_cpu_and_trains_like_the_resident_engine(
     assert {(tensor.device.type, tensor.dtype) for tensor in synced.values()} == {(device_type(), torch.bfloat16)}
 
 
-def test_compiled_layers_train_like_eager_ones_on_packed_bf16_batches(tmp_path):
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "padded"])
+def test_compiled_layers_train_like_eager_ones_on_bf16_batches(tmp_path, packed):
     model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
     batch = make_batch()
-    settings = dict(param_dtype="bfloat16", enable_gradient_checkpointing=True, use_remove_padding=True)
+    settings = dict(param_dtype="bfloat16", enable_gradient_checkpointing=True, use_remove_padding=packed)
     eager = FSDPEngine(engine_options(model_dir, **settings))
     compiled = FSDPEngine(engine_options(model_dir, compile_layers=True, **settings))
     for _ in range(3):
@@ -100,3 +102,29 @@ def test_compiled_layers_train_like_eager_ones_on_packed_bf16_batches(tmp_path):
         actual = compiled.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
         torch.testing.assert_close(actual["loss"], expected["loss"], atol=2e-2, rtol=2e-2)
         torch.testing.assert_close(actual["grad_norm"], expected["grad_norm"], atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("offload", ["offload_policy", "param_and_optimizer_offload"])
+def test_checkpoint_round_trip_with_offloaded_state(tmp_path, offload):
+    """Save, train on, load: the weights and the optimizer come back, and the next step repeats the one
+    taken right after saving; with the offload policy the loaded shards stay in CPU memory."""
+    model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
+    switches = ({"offload_policy": True} if offload == "offload_policy"
+                else {"param_offload": True, "optimizer_offload": True})
+    engine = FSDPEngine(engine_options(model_dir, param_dtype="bfloat16", **switches))
+    batch = make_batch()
+    engine.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)  # optimizer state to save
+    engine.offload()
+    with engine.resident():
+        engine.save(str(tmp_path / "checkpoint"))
+        saved = [p.full_tensor().cpu().clone() for p in engine.module().parameters()]
+        after_save = engine.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
+        engine.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
+        engine.load(str(tmp_path / "checkpoint"))
+        for expected, parameter in zip(saved, engine.module().parameters()):
+            assert torch.equal(parameter.full_tensor().cpu(), expected)
+        if offload == "offload_policy":
+            assert local_devices(engine.module().parameters()) == {"cpu"}
+        again = engine.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
+    torch.testing.assert_close(again["loss"], after_save["loss"], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(again["grad_norm"], after_save["grad_norm"], atol=1e-6, rtol=1e-5)
