@@ -119,7 +119,7 @@ class FSDPEngine(TrainEngine):
             reshard_after_forward=(options.reshard_after_forward and self.dp_size > 1) or options.offload_policy,
             offload_policy=options.offload_policy,
             compile_layers=options.compile_layers and self.device.type != "cpu")
-        self.optimizer = (build_optimizer(self.model.parameters(), options.optim, on_cpu=options.offload_policy)
+        self.optimizer = (build_optimizer(self.model.parameters(), options.optim)
                           if options.trains else None)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, options.optim) if options.trains else None
         self.host_copies = HostCopies()  # where offload() puts shards and optimizer state (pinned on CUDA)
