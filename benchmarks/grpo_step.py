@@ -13,6 +13,16 @@ step, device synchronised; the table gives the median of `--steps` steps after `
     python benchmarks/grpo_step.py --shape qwen2.5-0.5b --out grpo_step.json   # GPU
     python benchmarks/grpo_step.py --shape tiny --prompts 4 --n 2 --response-length 8 --steps 1 --warmup 1  # CPU smoke
 
+ember's fastest setting in BENCHMARKS.md (the switches, compiled layers, a 48k token budget,
+no recompute for either framework):
+
+    python benchmarks/grpo_step.py --no-gradient-checkpointing \
+        --ember-override actor_rollout_ref.model.use_remove_padding=True \
+        --ember-override actor_rollout_ref.model.use_fused_kernels=True \
+        --ember-override actor_rollout_ref.actor.use_dynamic_bsz=True \
+        --ember-override actor_rollout_ref.actor.ppo_max_token_len_per_gpu=49152 \
+        --ember-override actor_rollout_ref.actor.use_torch_compile=True
+
 TRL is imported only when it runs (`--skip-trl` leaves it out); it is not an ember
 dependency: `pip install trl datasets` to compare.
 """
