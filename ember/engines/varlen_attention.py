@@ -47,7 +47,8 @@ def register() -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 
-    _varlen_parameters()  # resolved here, before any compiled layer calls the attention
+    _varlen_parameters()  # both resolved here, before any compiled layer calls the attention
+    _groups_heads()
     AttentionInterface.register(NAME, varlen_attention_forward)
     ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, _mask_for_padded_inputs)
 
@@ -96,11 +97,46 @@ def varlen_attention_forward(
     groups = queries.shape[1] // keys.shape[1]
     if groups > 1 and "enable_gqa" in _varlen_parameters():
         arguments["enable_gqa"] = True  # the kernel reads each key/value head for its group of query heads
-    elif groups > 1:
+    elif groups > 1 and not _groups_heads():
         keys, values = keys.repeat_interleave(groups, dim=1), values.repeat_interleave(groups, dim=1)
     cu = cu_seq_lens_q.to(device=queries.device, dtype=torch.int32)
     output = varlen_attn(queries, keys, values, cu, cu, max_length_q, max_length_q, **arguments)
     return output.unsqueeze(0), None
+
+
+_GROUPS_HEADS: list[bool] = []  # one answer per process, read as a plain global by compiled layers
+
+
+def _groups_heads() -> bool:
+    """Whether this PyTorch's `varlen_attn` takes fewer key/value heads than query heads (grouped-query
+    attention, no repeated copies) without an `enable_gqa` switch. The flash kernel itself groups
+    heads; releases without the switch pass the heads through or refuse them, which no signature
+    tells, so it is asked once on a 6-token problem: outputs and all three gradients against
+    repeated heads."""
+    if not _GROUPS_HEADS:
+        _GROUPS_HEADS.append("enable_gqa" not in _varlen_parameters() and _grouped_heads_match_repeated())
+    return _GROUPS_HEADS[0]
+
+
+def _grouped_heads_match_repeated() -> bool:
+    from torch.nn.attention.varlen import varlen_attn
+
+    generator = torch.Generator(device="cuda").manual_seed(0)
+    shapes = {"query": (6, 4, 64), "key": (6, 2, 64), "value": (6, 2, 64)}
+    inputs = {name: torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=generator).requires_grad_()
+              for name, shape in shapes.items()}
+    cu = torch.tensor([0, 2, 6], device="cuda", dtype=torch.int32)
+    arguments = _causal_arguments(None, None, 64)
+    try:
+        grouped = varlen_attn(inputs["query"], inputs["key"], inputs["value"], cu, cu, 4, 4, **arguments)
+        grouped_grads = torch.autograd.grad(grouped.float().square().sum(), list(inputs.values()))
+    except (RuntimeError, ValueError):
+        return False
+    repeated = varlen_attn(inputs["query"], inputs["key"].repeat_interleave(2, dim=1),
+                           inputs["value"].repeat_interleave(2, dim=1), cu, cu, 4, 4, **arguments)
+    repeated_grads = torch.autograd.grad(repeated.float().square().sum(), list(inputs.values()))
+    return all(a.shape == b.shape and torch.allclose(a.float(), b.float(), atol=2e-2, rtol=2e-2)
+               for a, b in zip((grouped, *grouped_grads), (repeated, *repeated_grads)))
 
 
 def _restarts(position_ids: Tensor | None) -> bool:

@@ -40,3 +40,32 @@ def test_packed_varlen_outputs_and_update_match_padded_sdpa(tmp_path):
                                     for name, p in engine.model.named_parameters()])
     cosine = torch.nn.functional.cosine_similarity(deltas[True], deltas[False], dim=0)
     assert cosine > 0.99, f"packed update points elsewhere than the padded one (cosine {cosine:.4f})"
+
+
+@pytest.mark.skipif(not varlen_available(), reason="this PyTorch has no torch.nn.attention.varlen")
+def test_grouped_query_heads_match_sdpa_per_sequence():
+    """7 query heads per key/value head (Qwen2.5-0.5B's grouping) through ember_varlen, whichever way this
+    PyTorch takes them (enable_gqa, grouped heads passed through, or repeated): outputs and the
+    gradients of queries, keys and values equal causal sdpa run on each sequence alone."""
+    from ember.engines.varlen_attention import register, varlen_attention_forward
+
+    register()
+    torch.manual_seed(0)
+    lengths = [5, 130, 64, 1]
+    shapes = {"query": (1, 14, sum(lengths), 64), "key": (1, 2, sum(lengths), 64), "value": (1, 2, sum(lengths), 64)}
+    inputs = {name: torch.randn(shape, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+              for name, shape in shapes.items()}
+    cu = torch.tensor([0] + lengths, device="cuda").cumsum(0).to(torch.int32)
+    module = torch.nn.Module().eval()
+    packed, _ = varlen_attention_forward(module, *inputs.values(), None, cu_seq_lens_q=cu, max_length_q=max(lengths))
+    packed_grads = torch.autograd.grad(packed.float().square().sum(), list(inputs.values()))
+
+    pieces = []
+    for start, end in zip(cu[:-1].tolist(), cu[1:].tolist()):
+        q, k, v = (tensor[:, :, start:end] for tensor in inputs.values())
+        pieces.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True))
+    expected = torch.cat(pieces, dim=2).transpose(1, 2)  # (1, T, heads, dim), as the attention returns
+    expected_grads = torch.autograd.grad(expected.float().square().sum(), list(inputs.values()))
+    torch.testing.assert_close(packed, expected, atol=2e-2, rtol=2e-2)
+    for got, want in zip(packed_grads, expected_grads):
+        torch.testing.assert_close(got, want, atol=5e-2, rtol=5e-2)
