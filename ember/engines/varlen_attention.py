@@ -10,7 +10,9 @@ such keyword arguments down to every attention call). A call without them that h
 attention mask (a padded forward, or `generate` on the same module) runs transformers'
 sdpa with that mask; a packed row without them is refused, since nothing would keep its
 sequences apart. Options the kernel cannot honour (attention dropout, logit softcapping,
-attention sinks) are refused rather than ignored.
+attention sinks) are refused rather than ignored. Grouped-query attention reaches the kernel
+with its key/value heads as they are (`enable_gqa`, or passed through where the kernel is
+found to take them), repeated per query head only where neither works.
 
 `packed_attention_implementation` picks it for CUDA engines that pack, where the kernel exists.
 """
