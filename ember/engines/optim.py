@@ -16,7 +16,6 @@ from dataclasses import dataclass
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-
 LR_SCHEDULER_TYPES = ("constant", "cosine")
 
 

@@ -106,7 +106,7 @@ def varlen_attention_forward(
     return output.unsqueeze(0), None
 
 
-_GROUPS_HEADS: list[bool] = []  # one answer per process, read as a plain global by compiled layers
+_GROUPS_HEADS: bool | None = None  # one answer per process, read as a plain global by compiled layers
 
 
 def _groups_heads() -> bool:
@@ -115,9 +115,11 @@ def _groups_heads() -> bool:
     heads; releases without the switch pass the heads through or refuse them, which no signature
     tells, so it is asked once on a 6-token problem: outputs and all three gradients against
     repeated heads."""
-    if not _GROUPS_HEADS:
-        _GROUPS_HEADS.append("enable_gqa" not in _varlen_parameters() and _grouped_heads_match_repeated())
-    return _GROUPS_HEADS[0]
+    global _GROUPS_HEADS
+    if _GROUPS_HEADS is None:
+        with torch.inference_mode(False), torch.enable_grad():  # whatever mode the engine is built in
+            _GROUPS_HEADS = "enable_gqa" not in _varlen_parameters() and _grouped_heads_match_repeated()
+    return _GROUPS_HEADS
 
 
 def _grouped_heads_match_repeated() -> bool:

@@ -51,11 +51,6 @@ class HostCopies:
             return DTensor(buffer, tensor._spec, requires_grad=False)
         return buffer
 
-    @property
-    def nbytes(self) -> int:
-        """CPU memory pinned so far."""
-        return sum(buffer.numel() * buffer.element_size() for buffer in self._buffers.values())
-
 
 def _to_device(tensor: Tensor, device: torch.device) -> Tensor:
     return tensor.to(device, non_blocking=True)
