@@ -10,7 +10,6 @@ this file is the 2-rank worker.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
@@ -23,6 +22,7 @@ from fsdp_engine_worker import (
     make_model_dir,
     mean_log_prob_loss,
 )
+from two_ranks import run_two_ranks, worker_environment
 
 from ember.algorithms import ClipConfig
 from ember.distributed.device import shutdown_distributed
@@ -132,11 +132,8 @@ def test_two_ranks_with_different_micro_batch_counts_match_one_process(model_dir
     counts = [min_micro_batch_count(half.attention_mask.sum(dim=1).tolist(), BUDGET) for half in halves]
     assert counts[0] < counts[1]  # rank 0 must run extra micro-batches to keep in step
     tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # rl_helpers imports tests/fixtures.py
-    environment = dict(os.environ, OMP_NUM_THREADS="1",
-                       PYTHONPATH=os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]))
-    environment.pop("RANK", None)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                    __file__, model_dir, str(tmp_path)], check=True, env=environment, timeout=120)
+    environment = worker_environment(PYTHONPATH=os.pathsep.join([tests_dir, os.environ.get("PYTHONPATH", "")]))
+    run_two_ranks(__file__, model_dir, str(tmp_path), timeout=120, environment=environment)
     result = torch.load(tmp_path / "result.pt")
 
     engine = FSDPEngine(engine_options(model_dir, optim=GRADIENT_REVEALING_OPTIM))

@@ -6,8 +6,6 @@ checkpoint must load into a 1-rank engine (DCP resharding).
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -19,6 +17,7 @@ from fsdp_engine_worker import (
     make_model_dir,
     mean_log_prob_loss,
 )
+from two_ranks import run_two_ranks
 from transformers import AutoModelForCausalLM
 
 from ember.engines.fsdp.engine import FSDPEngine
@@ -30,10 +29,7 @@ WORKER = os.path.join(os.path.dirname(__file__), "fsdp_engine_worker.py")
 def test_two_ranks_match_one_process(tmp_path):
     model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
     out_dir = tmp_path / "out"
-    environment = dict(os.environ, OMP_NUM_THREADS="1")
-    environment.pop("RANK", None)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                    WORKER, model_dir, str(out_dir)], check=True, env=environment, timeout=120)
+    run_two_ranks(WORKER, model_dir, str(out_dir), timeout=120)
     result = torch.load(out_dir / "result.pt")
 
     engine = FSDPEngine(engine_options(model_dir, optim=GRADIENT_REVEALING_OPTIM))

@@ -9,14 +9,13 @@ switches on.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from fsdp_engine_worker import GRADIENT_REVEALING_OPTIM, engine_options, full_weights, make_model_dir
 from packed_worker import SAMPLES, make_samples, train_once
 from rl_helpers import all_finite, metrics_by_step, run_overrides, train
+from two_ranks import run_two_ranks
 from transformers import AutoModelForCausalLM
 
 from ember.config import SFTConfig, load_config
@@ -168,10 +167,7 @@ def test_token_budget_micro_batches_with_packing_and_fused_kernels(model_dirs, b
 @pytest.mark.slow
 def test_two_ranks_packed_and_fused_match_one_padded_process(model_dirs, batch, tmp_path):
     model_dir = model_dirs["qwen2"]  # tied: the head's gradient also reaches the embedding
-    environment = dict(os.environ, OMP_NUM_THREADS="1")
-    environment.pop("RANK", None)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                    WORKER, model_dir, str(tmp_path)], check=True, env=environment, timeout=120)
+    run_two_ranks(WORKER, model_dir, str(tmp_path), timeout=120)
     result = torch.load(tmp_path / "result.pt")
 
     expected = FSDPEngine(engine_options(model_dir)).forward(batch, SAMPLES, compute_entropy=True)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from fixtures import make_tiny_model_dir
 from safetensors.torch import load_file
+from two_ranks import run_two_ranks, worker_environment
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ember.cli import main
@@ -197,16 +198,9 @@ def test_more_gpus_than_processes_asks_for_torchrun(workspace):
 # --- subprocesses: interruption and torchrun ----------------------------------------------------------
 
 
-def _environment():
-    environment = dict(os.environ, OMP_NUM_THREADS="1")
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-        environment.pop(name, None)
-    return environment
-
-
 def _start(args, log_path):
     with open(log_path, "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "ember", "sft", *args], env=_environment(),
+        return subprocess.Popen([sys.executable, "-m", "ember", "sft", *args], env=worker_environment(),
                                 stdout=log, stderr=subprocess.STDOUT)
 
 
@@ -257,9 +251,7 @@ def test_two_torchrun_ranks_equal_one_process(workspace, tmp_path):
     # 5 validation conversations over 2 ranks: one rank evaluates a padding copy without targets
     common = ["data.train_batch_size=8", "data.micro_batch_size_per_gpu=2", "optim.lr=1e-2",
               "trainer.total_training_steps=4", "trainer.test_freq=2"]
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                    "-m", "ember.trainer.sft", *run_args(workspace, tmp_path / "two", *common)],
-                   check=True, env=_environment(), timeout=180)
+    run_two_ranks("-m", "ember.trainer.sft", *run_args(workspace, tmp_path / "two", *common), timeout=180)
     assert "n_gpus_per_node: 2" in (tmp_path / "two" / "config.yaml").read_text()  # filled in from torchrun
     assert main(["sft", *run_args(workspace, tmp_path / "one", *common)]) == 0
 
