@@ -11,10 +11,8 @@ tokenizer, ready for `AutoModelForCausalLM.from_pretrained`.
 
 from __future__ import annotations
 
-import dataclasses
-
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from transformers import PreTrainedTokenizerBase
@@ -50,7 +48,7 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
     source = read_policy_source(os.path.dirname(checkpoint_dir))
     # "ref": weights only; the optimizer state in the checkpoint is not needed to export, nor the
     # run's CPU offload policy (refused on a machine without an accelerator, useless for one forward).
-    fsdp_config = dataclasses.replace(source.fsdp_config, offload_policy=False)
+    fsdp_config = replace(source.fsdp_config, offload_policy=False)
     engine = build_engine(source.model_path, "ref", source.model_cfg, fsdp_config, None, seed=source.seed)
     engine.load(policy_dir)
     engine.export_hf(out_dir, tokenizer=source.tokenizer)

@@ -52,7 +52,11 @@ class HostCopies:
         return buffer
 
 
-def _to_device(tensor: Tensor, device: torch.device) -> Tensor:
+def _moved(tensor: Tensor, device: torch.device, host: HostCopies | None, key: str | None) -> Tensor:
+    """`tensor` on `device`: into `host`'s buffer for `key` when it goes to CPU through one, otherwise
+    an asynchronous copy (the mover waits for the copies before it returns)."""
+    if device == CPU and host is not None and key is not None:
+        return host.store(key, tensor)
     return tensor.to(device, non_blocking=True)
 
 
@@ -62,19 +66,15 @@ def move_parameters(model: nn.Module, device: torch.device, buffers_stay_on: tor
     buffers where given; with `buffers_stay_on`, the buffers (not sharded: RoPE tables) go there
     instead (FSDP2's offload policy computes with device buffers over CPU shards, which it pins
     when it first runs)."""
-    if device == CPU and host is not None:
-        names = {id(tensor): name for name, tensor in chain(model.named_parameters(), model.named_buffers())}
-        # nn.Module._apply is what Module.to runs (FSDP2 re-points its shards after it as after .to)
-        model._apply(lambda tensor: host.store(names[id(tensor)], tensor) if id(tensor) in names
-                     else tensor.to(CPU))
-        synchronize()
-    else:
-        model._apply(lambda tensor: _to_device(tensor, device))
+    names = {id(tensor): name for name, tensor in chain(model.named_parameters(), model.named_buffers())}
+    # nn.Module._apply is what Module.to runs (FSDP2 re-points its shards after it as after .to)
+    model._apply(lambda tensor: _moved(tensor, device, host, names.get(id(tensor))))
     if buffers_stay_on is not None:
         for module in model.modules():
             for name, buffer in module.named_buffers(recurse=False):
                 module._buffers[name] = buffer.to(buffers_stay_on)
     if device == CPU:
+        synchronize()  # the CPU copies are complete when offloading returns
         empty_cache()
 
 
@@ -89,10 +89,7 @@ def move_optimizer_state(optimizer: Optimizer, device: torch.device, host: HostC
         for key, value in state.items():
             if not (isinstance(value, Tensor) and value.dim() > 0):
                 continue
-            if device == CPU and host is not None:
-                state[key] = host.store(f"optimizer.{index}.{key}", value)
-            else:
-                state[key] = _to_device(value, device)
+            state[key] = _moved(value, device, host, f"optimizer.{index}.{key}")
     if device == CPU:
-        synchronize()
+        synchronize()  # the CPU copies are complete when offloading returns
         empty_cache()
