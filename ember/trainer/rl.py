@@ -23,6 +23,7 @@ from ember.algorithms import AdvantageInputs, AdaptiveKLController, FixedKLContr
 from ember.config import config_to_yaml
 from ember.config.schema import EmberConfig
 from ember.distributed.device import rank
+from ember.engines.base import TrainEngine
 from ember.rollout import SamplingParams
 from ember.trainer.balance import balance_batch
 from ember.trainer.checkpoint import CheckpointManager
@@ -59,7 +60,7 @@ class RLTrainer:
         for engine in self.engines():  # fsdp_config.param/optimizer_offload: a role is on the device only in its phases
             engine.offload()
 
-    def engines(self) -> list:
+    def engines(self) -> list[TrainEngine]:
         """The training engines of the run: actor, then reference and critic where the run has them."""
         parts = self.parts
         engines = [parts.actor.engine]
@@ -67,6 +68,14 @@ class RLTrainer:
             engines.append(parts.reference)
         if parts.critic is not None:
             engines.append(parts.critic.engine)
+        return engines
+
+    def checkpointed_engines(self) -> list[tuple[str, TrainEngine]]:
+        """The engines a checkpoint holds, under their folder names: the actor, and the critic if any
+        (the reference never changes, so it is rebuilt from the model instead)."""
+        engines = [("actor", self.parts.actor.engine)]
+        if self.parts.critic is not None:
+            engines.append(("critic", self.parts.critic.engine))
         return engines
 
     # --- the loop ------------------------------------------------------------------------------
@@ -240,11 +249,9 @@ class RLTrainer:
         parts = self.parts
 
         def write(directory: str) -> None:
-            with parts.actor.engine.resident():
-                parts.actor.engine.save(os.path.join(directory, "actor"))
-            if parts.critic is not None:
-                with parts.critic.engine.resident():
-                    parts.critic.engine.save(os.path.join(directory, "critic"))
+            for name, engine in self.checkpointed_engines():
+                with engine.resident():
+                    engine.save(os.path.join(directory, name))
             if rank() == 0:
                 save_run_state(directory, step=self.step, loader=parts.train_loader.state_dict(),
                                kl_coef=self.kl_controller.value, validation_history=self.validation_history)
@@ -261,11 +268,9 @@ class RLTrainer:
         if path is None:
             return
         parts = self.parts
-        with parts.actor.engine.resident():
-            parts.actor.engine.load(os.path.join(path, "actor"))
-        if parts.critic is not None:
-            with parts.critic.engine.resident():
-                parts.critic.engine.load(os.path.join(path, "critic"))
+        for name, engine in self.checkpointed_engines():
+            with engine.resident():
+                engine.load(os.path.join(path, name))
         state = load_run_state(path)
         self.step = state["step"]
         parts.train_loader.load_state_dict(state["loader"])
