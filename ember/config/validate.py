@@ -15,13 +15,14 @@ from typing import Any
 from ember.config.errors import ConfigError
 from ember.config.introspect import value_at
 from ember.config.parallel import data_parallel_size, nearest_divisors, world_size
+from ember.config.placement import placement_errors, role_gpus
 from ember.config.schema import EmberConfig, SFTConfig
 from ember.config.schema.megatron import MegatronConfig
-from ember.config.schema.resources import ROLES
 
 _ACTOR = "actor_rollout_ref.actor"
 _REF = "actor_rollout_ref.ref"
 _ROLLOUT = "actor_rollout_ref.rollout"
+_POOL_ROLE = {_ACTOR: "actor_rollout", _REF: "ref", "critic": "critic"}  # each section's role in resource_pool
 _MEGATRON_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
                    "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size")
 
@@ -135,10 +136,20 @@ def _betas_errors(path: str, betas: list[float]) -> list[str]:
     return []
 
 
-def _parallel_errors(role: str, strategy: str, megatron: MegatronConfig | None, ulysses: int, cfg: Any) -> list[str]:
-    """Model-parallel sizes of a role that do not divide the run's GPUs."""
+def _gpus_text(cfg: Any, role: str | None) -> tuple[int, str]:
+    """The GPUs a role runs on (its resource pool's, or the whole run's) and how a message names them."""
     world = world_size(cfg.trainer)
-    gpus = f"the {world} GPUs (trainer.nnodes × trainer.n_gpus_per_node = {cfg.trainer.nnodes} × {cfg.trainer.n_gpus_per_node})"
+    run = f"the {world} GPUs (trainer.nnodes × trainer.n_gpus_per_node = {cfg.trainer.nnodes} × {cfg.trainer.n_gpus_per_node})"
+    if role is None:
+        return world, run
+    gpus = role_gpus(cfg, role)
+    return (gpus, run) if gpus == world else (gpus, f"the {gpus} GPUs of its resource pool")
+
+
+def _parallel_errors(role: str, strategy: str, megatron: MegatronConfig | None, ulysses: int, cfg: Any,
+                     pool_role: str | None = None) -> list[str]:
+    """Model-parallel sizes of a role that do not divide its GPUs (`pool_role`: its resource pool; None: the run's)."""
+    world, gpus = _gpus_text(cfg, pool_role)
     if strategy != "megatron" or megatron is None:
         if ulysses >= 1 and world % ulysses:
             return [f"{role}.ulysses_sequence_parallel_size={ulysses} does not divide {gpus}; use one of {nearest_divisors(world, ulysses)}"]
@@ -197,16 +208,19 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
     if critic.enable:
         roles.append(("critic", critic))
     for role, section in roles:
-        errors += _parallel_errors(role, section.strategy, section.megatron, section.ulysses_sequence_parallel_size, cfg)
+        errors += _parallel_errors(role, section.strategy, section.megatron, section.ulysses_sequence_parallel_size, cfg,
+                                   pool_role=_POOL_ROLE[role])
     for role, section in ((_ACTOR, actor), ("critic", critic)):
         if role == "critic" and not critic.enable:
             continue
-        data_parallel = data_parallel_size(world, section.strategy, section.megatron, section.ulysses_sequence_parallel_size)
+        data_parallel = data_parallel_size(role_gpus(cfg, _POOL_ROLE[role]), section.strategy, section.megatron,
+                                           section.ulysses_sequence_parallel_size)
         errors += _mini_batch_errors(role, section.ppo_mini_batch_size, section.ppo_micro_batch_size_per_gpu,
                                      section.use_dynamic_bsz, data_parallel, cfg)
-    if rollout.tensor_model_parallel_size >= 1 and world % rollout.tensor_model_parallel_size:
-        errors.append(f"{_ROLLOUT}.tensor_model_parallel_size={rollout.tensor_model_parallel_size} does not divide the {world} GPUs "
-                      f"of the run; use one of {nearest_divisors(world, rollout.tensor_model_parallel_size)}")
+    actor_gpus, actor_gpus_text = _gpus_text(cfg, "actor_rollout")
+    if rollout.tensor_model_parallel_size >= 1 and actor_gpus % rollout.tensor_model_parallel_size:
+        errors.append(f"{_ROLLOUT}.tensor_model_parallel_size={rollout.tensor_model_parallel_size} does not divide "
+                      f"{actor_gpus_text}; use one of {nearest_divisors(actor_gpus, rollout.tensor_model_parallel_size)}")
     for path in (f"{_ACTOR}.fsdp_config", f"{_REF}.fsdp_config", "critic.model.fsdp_config"):
         fsdp_size = value_at(cfg, path).fsdp_size
         if fsdp_size == 0 or fsdp_size < -1 or (fsdp_size > 0 and world % fsdp_size):
@@ -229,26 +243,7 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
         errors.append("nla.enable=true needs nla.train_files (parquet of activation vectors)")
     for path in (f"{_ACTOR}.optim", "critic.optim", "nla.critic_optim"):
         errors += _betas_errors(f"{path}.betas", value_at(cfg, path).betas)
-    return errors + _resource_pool_errors(cfg)
-
-
-def _resource_pool_errors(cfg: EmberConfig) -> list[str]:
-    pools, mapping = cfg.resource_pool.pools, cfg.resource_pool.mapping
-    nnodes, per_node = cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node
-    errors = []
-    for name, counts in pools.items():
-        if len(counts) != nnodes or any(count < 1 for count in counts):
-            errors.append(f"resource_pool.pools.{name}={counts} must list a positive GPU count for each of the {nnodes} node(s)")
-    for node in range(nnodes):
-        used = sum(counts[node] for counts in pools.values() if node < len(counts))
-        if used > per_node:
-            errors.append(f"resource_pool.pools take {used} GPUs on node {node} but trainer.n_gpus_per_node={per_node}")
-    for role, pool in mapping.items():
-        if role not in ROLES:
-            errors.append(f"resource_pool.mapping.{role} names no role; the roles are {', '.join(ROLES)}")
-        if pool not in pools:
-            errors.append(f"resource_pool.mapping.{role}={pool} names no pool in resource_pool.pools ({', '.join(pools) or 'none defined'})")
-    return errors
+    return errors + placement_errors(cfg)
 
 
 def _sft_errors(cfg: SFTConfig) -> list[str]:

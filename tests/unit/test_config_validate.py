@@ -103,7 +103,7 @@ def test_megatron_sizes_must_divide_the_gpus():
 def test_rollout_tensor_parallel_size_must_divide_the_gpus():
     message = error_of(["trainer.n_gpus_per_node=8", "data.train_batch_size=8", f"{ACTOR}.ppo_mini_batch_size=8",
                         f"{ROLLOUT}.tensor_model_parallel_size=3"])
-    assert f"{ROLLOUT}.tensor_model_parallel_size=3 does not divide the 8 GPUs of the run; use one of [1, 2, 4]" in message
+    assert f"{ROLLOUT}.tensor_model_parallel_size=3 does not divide the 8 GPUs (trainer.nnodes × trainer.n_gpus_per_node = 1 × 8); use one of [1, 2, 4]" in message
 
 
 def test_settings_that_need_another():
@@ -144,10 +144,10 @@ def test_resource_pools_must_fit_the_nodes_and_name_known_roles():
     base = ["trainer.n_gpus_per_node=8", "data.train_batch_size=8", f"{ACTOR}.ppo_mini_batch_size=8"]
     cfg = load_config(base + ["resource_pool.pools={train: [4], critic: [4]}", "resource_pool.mapping={actor_rollout: train, critic: critic}"])
     assert cfg.resource_pool.pools == {"train": [4], "critic": [4]}
-    assert "take 10 GPUs on node 0" in error_of(base + ["resource_pool.pools={train: [6], critic: [4]}"])
+    assert "train 6 + critic 4 = 10 GPUs but the run has 8" in error_of(base + ["resource_pool.pools={train: [6], critic: [4]}"])
     assert "names no role" in error_of(base + ["resource_pool.pools={train: [4]}", "resource_pool.mapping={actr: train}"])
     assert "names no pool" in error_of(base + ["resource_pool.pools={train: [4]}", "resource_pool.mapping={critic: other}"])
-    assert "for each of the 1 node(s)" in error_of(base + ["resource_pool.pools={train: [4, 4]}"])
+    assert "must list a GPU count for each of the 1 node(s)" in error_of(base + ["resource_pool.pools={train: [4, 4]}"])
 
 
 def test_the_hf_rollout_refuses_an_actor_under_the_cpu_offload_policy():

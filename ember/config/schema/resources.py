@@ -2,13 +2,23 @@
 
 With no pools given, every role shares all GPUs of the run (colocated: they take turns and
 offload what they do not need). Named pools split the GPUs, e.g. the actor, rollout and
-reference on 4 GPUs per node and the critic on the other 4, running concurrently.
+reference on 4 GPUs per node and the critic on the other 4, running concurrently. Pools
+come in verl's form (`pools` + `mapping`) or the per-role form of NLA run files
+(`actor_rollout: {num_gpus: 4}`); `ember/config/placement.py` reads both.
 """
 
 from dataclasses import dataclass
 from ember.config.schema.base import field_
 
 ROLES: tuple[str, ...] = ("actor_rollout", "ref", "critic", "reward_model")
+
+
+@dataclass
+class RolePoolConfig:
+    """A role's own pool in the per-role form."""
+
+    num_gpus: int = field_(1, "GPUs of the pool, over all nodes (the same number on each node)")
+    num_cpus: int | None = field_(None, "CPUs Ray reserves for the pool; null = one per GPU")
 
 
 @dataclass
@@ -19,6 +29,10 @@ class ResourcePoolConfig:
         {}, "GPUs each pool takes on each node, e.g. {train: [4, 4], critic: [4, 4]}; empty = one pool of all GPUs")
     mapping: dict[str, str] = field_(
         {}, "role -> pool name for roles actor_rollout, ref, critic, reward_model; a role not listed uses the first pool")
+    actor_rollout: RolePoolConfig | None = field_(None, "per-role form: the pool of actor, rollout and reference")
+    ref: RolePoolConfig | None = field_(None, "per-role form: the reference's own pool; null = with actor_rollout")
+    critic: RolePoolConfig | None = field_(None, "per-role form: the critic's pool; null = with actor_rollout")
+    reward_model: RolePoolConfig | None = field_(None, "per-role form: the reward model's pool; null = with actor_rollout")
 
 
 @dataclass

@@ -1,0 +1,161 @@
+"""Which GPUs each role of an RL run uses: the resource pools, from either form users write.
+
+verl's form names pools with a GPU count per node and maps roles onto them:
+
+    resource_pool.pools={train: [4, 4], critic: [4, 4]}  resource_pool.mapping={critic: critic}
+
+NLA run files write one entry per role with its total GPU count:
+
+    resource_pool: {actor_rollout: {num_gpus: 4}, critic: {num_gpus: 4}}
+
+The one thing to know: a run is either *shared* (one pool, or every pool asks for all the
+GPUs of the run: the roles live in the same processes and take turns, offloading what is
+idle) or *split* (pools whose sizes add up to the run's GPUs, laid out on disjoint GPUs in
+the order written: their roles run concurrently). Any other request is refused with a
+message naming the pools, what they ask for and what the run has. Pure functions of the
+configuration; the worker groups (`ember/distributed`) place processes by the `Placement`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ember.config.errors import ConfigError
+from ember.config.parallel import world_size
+from ember.config.schema import EmberConfig
+from ember.config.schema.resources import ROLES
+
+ACTOR_ROLE = "actor_rollout"
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A set of GPUs: `gpus_per_node` on each of `nnodes` machines, from GPU `first_gpu` of each."""
+
+    name: str
+    gpus_per_node: int
+    nnodes: int
+    first_gpu: int = 0
+
+    @property
+    def size(self) -> int:
+        """GPUs (one worker process each) in the pool."""
+        return self.gpus_per_node * self.nnodes
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The run's pools and the pool of each role (actor_rollout, ref, critic, reward_model)."""
+
+    pools: tuple[Pool, ...]
+    role_pools: dict[str, str]
+
+    @property
+    def split(self) -> bool:
+        """Pools on disjoint GPUs, running concurrently (otherwise every role shares all GPUs)."""
+        return len({(pool.first_gpu, pool.gpus_per_node) for pool in self.pools}) > 1
+
+    def pool_of(self, role: str) -> Pool:
+        name = self.role_pools.get(role, self.pools[0].name)
+        return next(pool for pool in self.pools if pool.name == name)
+
+    def colocated(self, role: str, other: str) -> bool:
+        """Whether two roles live in the same worker processes."""
+        return not self.split or self.pool_of(role) == self.pool_of(other)
+
+
+def requested_pools(cfg: EmberConfig) -> tuple[dict[str, list[int] | int], dict[str, str], str]:
+    """The pools as written, the role → pool mapping and which form was used.
+
+    verl's form gives a list of per-node counts per pool; the role form a total count per
+    role (its pool is named after the role). Giving both forms is an error.
+    """
+    config = cfg.resource_pool
+    role_entries = {role: getattr(config, role) for role in ROLES if getattr(config, role) is not None}
+    if role_entries and (config.pools or config.mapping):
+        raise ConfigError("resource_pool: give either pools + mapping (verl's form) or per-role entries "
+                          f"({', '.join(f'resource_pool.{role}.num_gpus' for role in role_entries)}), not both")
+    if role_entries:
+        return ({role: entry.num_gpus for role, entry in role_entries.items()},
+                {role: role for role in role_entries}, "role")
+    return dict(config.pools), dict(config.mapping), "pools"
+
+
+def placement_errors(cfg: EmberConfig) -> list[str]:
+    """Every problem with the requested pools (empty when they describe a shared or split run)."""
+    try:
+        requested, mapping, form = requested_pools(cfg)
+    except ConfigError as error:
+        return [str(error)]
+    nnodes, per_node = cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node
+    total = nnodes * per_node
+    run = f"the run has {total} GPUs (trainer.nnodes × trainer.n_gpus_per_node = {nnodes} × {per_node})"
+    errors = []
+    for role, pool in mapping.items():
+        if role not in ROLES:
+            errors.append(f"resource_pool.mapping.{role} names no role; the roles are {', '.join(ROLES)}")
+        if pool not in requested:
+            errors.append(f"resource_pool.mapping.{role}={pool} names no pool in resource_pool.pools "
+                          f"({', '.join(requested) or 'none defined'})")
+    if not requested:
+        return errors
+    sizes = {}
+    for name, counts in requested.items():
+        key = f"resource_pool.pools.{name}" if form == "pools" else f"resource_pool.{name}.num_gpus"
+        if form == "pools":
+            if len(counts) != nnodes:
+                errors.append(f"{key}={counts} must list a GPU count for each of the {nnodes} node(s)")
+                continue
+            if len(set(counts)) > 1:
+                errors.append(f"{key}={counts} does not split evenly over the {nnodes} nodes; give every node the same count")
+                continue
+            size = sum(counts)
+        else:
+            size = counts
+            if size >= 1 and size % nnodes:
+                errors.append(f"{key}={size} does not split evenly over the {nnodes} nodes; use a multiple of {nnodes}")
+                continue
+        if size < 1:
+            errors.append(f"{key}={counts} asks for no GPUs; every pool needs at least one (remove the pool to "
+                          "put its roles with the others)")
+        elif size > total:
+            errors.append(f"{key}={counts} asks for {size} GPUs but {run}")
+        sizes[name] = size
+    if errors:
+        return errors
+    asked = " + ".join(f"{name} {size}" for name, size in sizes.items())
+    shared = all(size == total for size in sizes.values())
+    if not shared and sum(sizes.values()) != total:
+        errors.append(f"resource_pool asks for {asked} = {sum(sizes.values())} GPUs but {run}: pools on separate GPUs "
+                      f"must add up to {total}, or each ask for all {total} to share them")
+    if form == "role" and ACTOR_ROLE not in sizes:
+        errors.append(f"resource_pool names pools for {', '.join(sizes)} but not for {ACTOR_ROLE}: "
+                      f"add resource_pool.{ACTOR_ROLE}.num_gpus")
+    return errors
+
+
+def plan_placement(cfg: EmberConfig) -> Placement:
+    """The run's pools: one pool of every GPU without a request, else the requested ones (see the module docstring)."""
+    errors = placement_errors(cfg)
+    if errors:
+        raise ConfigError("; ".join(errors))
+    nnodes, per_node = cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node
+    requested, mapping, form = requested_pools(cfg)
+    if not requested:
+        return Placement(pools=(Pool("global", per_node, nnodes),), role_pools={})
+    sizes = {name: sum(count) if isinstance(count, list) else count for name, count in requested.items()}
+    names = sorted(sizes, key=lambda name: name != ACTOR_ROLE) if form == "role" else list(sizes)  # roles without a pool join the first
+    shared = all(size == nnodes * per_node for size in sizes.values())
+    pools, first_gpu = [], 0
+    for name in names:
+        pools.append(Pool(name, sizes[name] // nnodes, nnodes, first_gpu=0 if shared else first_gpu))
+        first_gpu += 0 if shared else sizes[name] // nnodes
+    return Placement(pools=tuple(pools), role_pools=mapping)
+
+
+def role_gpus(cfg: EmberConfig, role: str) -> int:
+    """GPUs of `role`'s pool, or of the whole run where the pools do not fit (their errors are reported apart)."""
+    if placement_errors(cfg):
+        return world_size(cfg.trainer)
+    return plan_placement(cfg).pool_of(role).size
+
