@@ -1,0 +1,83 @@
+"""Worker groups on a local Ray with CPU workers: ranks of one process group, results in rank order,
+split pools at the same time, and failures that name the rank."""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from ember.config.placement import Pool
+from ember.distributed.worker_group import LocalWorkerGroup, RayOptions, RayWorkerGroup, WorkerError
+
+ray = pytest.importorskip("ray")
+CPU_WORKERS = RayOptions(use_gpus=False)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    here = str(Path(__file__).parent)
+    path = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})
+    yield
+    ray.shutdown()
+
+
+def test_ray_workers_are_ranks_of_one_process_group(local_ray):
+    from group_workers import SumWorker
+
+    group = RayWorkerGroup(Pool("train", gpus_per_node=2, nnodes=1), SumWorker, 10, options=CPU_WORKERS)
+    try:
+        assert group.run_all("rank_and_world") == [(0, 2, "0"), (1, 2, "0")]
+        assert group.run_each("all_reduce", [((1.0,), {}), ((2.0,), {})]) == [23.0, 23.0]
+    finally:
+        group.shutdown()
+
+
+def test_split_pools_work_at_the_same_time(local_ray):
+    from group_workers import SumWorker
+
+    actor = RayWorkerGroup(Pool("actor", 1, 1), SumWorker, 0, options=CPU_WORKERS)
+    critic = RayWorkerGroup(Pool("critic", 1, 1, first_gpu=1), SumWorker, 0, options=CPU_WORKERS)
+    try:
+        pending = [actor.start_all("sleep_and_stamp", 1.5), critic.start_all("sleep_and_stamp", 1.5)]
+        (actor_start, actor_end), = pending[0].wait()
+        (critic_start, critic_end), = pending[1].wait()
+        assert critic_start < actor_end and actor_start < critic_end  # the two calls overlapped
+    finally:
+        actor.shutdown()
+        critic.shutdown()
+
+
+def test_a_worker_that_raises_fails_the_call_with_its_rank_and_traceback(local_ray):
+    from group_workers import SumWorker
+
+    group = RayWorkerGroup(Pool("train", 2, 1), SumWorker, 0, options=CPU_WORKERS)
+    try:
+        with pytest.raises(WorkerError) as error:
+            group.run_all("fail_on", 1)
+        assert "train rank 1 failed in fail_on" in str(error.value)
+        assert "planted failure on rank 1" in str(error.value) and "group_workers.py" in str(error.value)
+    finally:
+        group.shutdown()
+
+
+def test_a_worker_process_that_dies_fails_the_call_naming_its_rank(local_ray):
+    from group_workers import SumWorker
+
+    group = RayWorkerGroup(Pool("train", 2, 1), SumWorker, 0, options=CPU_WORKERS)
+    try:
+        with pytest.raises(WorkerError) as error:
+            group.run_all("die_on", 0)
+        assert "train rank 0: its worker process died during die_on" in str(error.value)
+    finally:
+        group.shutdown()
+
+
+def test_the_local_group_is_the_same_surface_in_process():
+    class Echo:
+        def twice(self, value):
+            return 2 * value
+
+    group = LocalWorkerGroup(Echo)
+    assert group.run_all("twice", 3) == [6] and group.run_each("twice", [((4,), {})]) == [8]
