@@ -11,7 +11,6 @@ rank's contiguous share holds about as many tokens as the others (`balance.py`).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -23,7 +22,6 @@ from ember.algorithms import AdvantageInputs, AdaptiveKLController, FixedKLContr
 from ember.config import config_to_yaml
 from ember.config.schema import EmberConfig
 from ember.distributed.device import rank
-from ember.engines.base import TrainEngine
 from ember.rollout import SamplingParams
 from ember.trainer.balance import balance_batch
 from ember.trainer.checkpoint import CheckpointManager
@@ -54,29 +52,14 @@ class RLTrainer:
         self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, parts.total_steps, enabled=rank() == 0)
         self.guard = NonFiniteGuard(max_in_a_row=3)
         self.validation_history: list[tuple[int, dict[str, float]]] = []
-        self.actor_version = 0  # actor updates made by this process; the rollout holds version `synced_version`
-        self.synced_version: int | None = None
-        self.rollout_asleep = False  # the rollout's KV cache is freed for training (rollout.free_cache_engine)
-        for engine in self.engines():  # fsdp_config.param/optimizer_offload: a role is on the device only in its phases
-            engine.offload()
 
-    def engines(self) -> list[TrainEngine]:
-        """The training engines of the run: actor, then reference and critic where the run has them."""
-        parts = self.parts
-        engines = [parts.actor.engine]
-        if parts.reference is not None:
-            engines.append(parts.reference)
-        if parts.critic is not None:
-            engines.append(parts.critic.engine)
-        return engines
-
-    def checkpointed_engines(self) -> list[tuple[str, TrainEngine]]:
-        """The engines a checkpoint holds, under their folder names: the actor, and the critic if any
+    def checkpointed_roles(self) -> list[tuple[str, object]]:
+        """The roles a checkpoint holds, under their folder names: the actor, and the critic if any
         (the reference never changes, so it is rebuilt from the model instead)."""
-        engines = [("actor", self.parts.actor.engine)]
+        roles = [("actor", self.parts.actor)]
         if self.parts.critic is not None:
-            engines.append(("critic", self.parts.critic.engine))
-        return engines
+            roles.append(("critic", self.parts.critic))
+        return roles
 
     # --- the loop ------------------------------------------------------------------------------
 
@@ -115,8 +98,8 @@ class RLTrainer:
         cfg, parts = self.cfg, self.parts
         timings: dict[str, float] = {}
         with timed(timings, "step"):
-            with timed(timings, "gen"), self.generating():
-                experience = generate_experience(self.rollout(), prompts, self.sampling(), parts.tokenizer,
+            with timed(timings, "gen"):
+                experience = generate_experience(parts.rollout, prompts, self.sampling(), parts.tokenizer,
                                                  parts.eos_token_ids, uid_prefix=f"step{self.step}")
             batch = experience.batch
             with timed(timings, "reward"):
@@ -126,10 +109,10 @@ class RLTrainer:
             if cfg.algorithm.adv_estimator == "remax":
                 with timed(timings, "gen_max"):
                     reward_baselines = self.greedy_reward_baselines(prompts)
-            self.sleep_rollout()
+            parts.rollout.sleep()
             balance_metrics = {}
             if cfg.trainer.balance_batch:
-                balanced = balance_batch(batch, parts.actor.engine.dp_size)
+                balanced = balance_batch(batch, parts.actor.dp_size)
                 batch, balance_metrics = balanced.batch, balanced.metrics
                 if reward_baselines is not None:  # one per sample: follows the new order
                     reward_baselines = reward_baselines[balanced.permutation]
@@ -137,21 +120,23 @@ class RLTrainer:
                 with timed(timings, "old_log_prob"):
                     batch.old_log_probs = parts.actor.compute_log_probs(batch)
             if parts.reference is not None:
-                with timed(timings, "ref"), parts.reference.resident():
-                    batch.ref_log_probs = parts.reference.forward(
-                        batch, parts.reference_micro_batch, temperature=parts.actor.options.temperature).log_probs
+                with timed(timings, "ref"):
+                    batch.ref_log_probs = parts.reference.compute_log_probs(batch)
             if parts.critic is not None:
                 with timed(timings, "values"):
                     batch.values = parts.critic.compute_values(batch)
             with timed(timings, "adv"):
                 metrics = self.compute_advantages(batch, reward_baselines)
-            if parts.critic is not None:
+            critic_update = None
+            if parts.critic is not None:  # started first: a critic in its own pool updates beside the actor
                 with timed(timings, "update_critic"):
-                    metrics.update(parts.critic.update(batch, self.step))
+                    critic_update = parts.critic.start_update(batch, self.step)
             if self.step > cfg.trainer.critic_warmup:
                 with timed(timings, "update_actor"):
                     metrics.update(parts.actor.update(batch, self.step))
-                    self.actor_version += 1
+            if critic_update is not None:
+                with timed(timings, "update_critic"):
+                    metrics.update(critic_update.wait())
             self.guard.record(metrics.get("actor/skipped", 0.0) > 0 or metrics.get("critic/skipped", 0.0) > 0)
         metrics.update(scored.metrics)
         metrics.update(balance_metrics)
@@ -165,9 +150,8 @@ class RLTrainer:
         """ReMax's baseline: the reward of one greedy response per prompt, for each of its samples."""
         parts = self.parts
         greedy = replace(self.sampling(), n=1, do_sample=False)
-        with self.generating():
-            experience = generate_experience(self.rollout(), prompts, greedy, parts.tokenizer, parts.eos_token_ids,
-                                             uid_prefix=f"step{self.step}-greedy")
+        experience = generate_experience(parts.rollout, prompts, greedy, parts.tokenizer, parts.eos_token_ids,
+                                         uid_prefix=f"step{self.step}-greedy")
         scores = score_experience(parts.reward_manager, experience).scores
         return scores.repeat_interleave(self.cfg.actor_rollout_ref.rollout.n)
 
@@ -189,33 +173,6 @@ class RLTrainer:
             norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo))
         return metrics
 
-    def rollout(self):
-        """The rollout engine, awake and holding the actor's current weights: an engine with its
-        own copy is sent them (streamed in buckets) when the actor has changed since the last sync."""
-        rollout = self.parts.rollout
-        if self.rollout_asleep:
-            rollout.wake()
-            self.rollout_asleep = False
-        if not rollout.shares_training_weights and self.synced_version != self.actor_version:
-            with self.parts.actor.engine.resident():
-                for bucket in self.parts.actor.engine.named_parameters_for_sync():
-                    rollout.update_weights(bucket)
-            self.synced_version = self.actor_version
-        return rollout
-
-    def generating(self):
-        """Where generation needs the actor's weights on the device: a rollout that generates with the
-        actor's own module (`hf`) keeps it resident for the block; an engine with its own copy needs nothing."""
-        if self.parts.rollout.shares_training_weights:
-            return self.parts.actor.engine.resident()
-        return contextlib.nullcontext()
-
-    def sleep_rollout(self) -> None:
-        """With rollout.free_cache_engine, hand the rollout's KV cache back for training until the next `rollout()`."""
-        if self.cfg.actor_rollout_ref.rollout.free_cache_engine and not self.rollout_asleep:
-            self.parts.rollout.sleep()
-            self.rollout_asleep = True
-
     def sampling(self) -> SamplingParams:
         rollout = self.cfg.actor_rollout_ref.rollout
         return SamplingParams(n=rollout.n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
@@ -229,10 +186,9 @@ class RLTrainer:
         cfg, parts = self.cfg, self.parts
         sampling = validation_sampling(cfg.actor_rollout_ref.rollout.val_kwargs, cfg.data.max_response_length,
                                        parts.eos_token_ids, seed=cfg.actor_rollout_ref.rollout.seed)
-        with self.generating():
-            metrics, experiences = validate(self.rollout(), parts.val_dataset, parts.reward_manager, parts.tokenizer,
-                                            sampling, parts.eos_token_ids, batch_size=cfg.data.val_batch_size)
-        self.sleep_rollout()
+        metrics, experiences = validate(parts.rollout, parts.val_dataset, parts.reward_manager, parts.tokenizer,
+                                        sampling, parts.eos_token_ids, batch_size=cfg.data.val_batch_size)
+        parts.rollout.sleep()
         self.validation_history.append((self.step, metrics))
         shown = cfg.trainer.log_val_generations
         if shown and rank() == 0:
@@ -249,9 +205,8 @@ class RLTrainer:
         parts = self.parts
 
         def write(directory: str) -> None:
-            for name, engine in self.checkpointed_engines():
-                with engine.resident():
-                    engine.save(os.path.join(directory, name))
+            for name, role in self.checkpointed_roles():
+                role.save(os.path.join(directory, name))
             if rank() == 0:
                 save_run_state(directory, step=self.step, loader=parts.train_loader.state_dict(),
                                kl_coef=self.kl_controller.value, validation_history=self.validation_history)
@@ -268,9 +223,8 @@ class RLTrainer:
         if path is None:
             return
         parts = self.parts
-        for name, engine in self.checkpointed_engines():
-            with engine.resident():
-                engine.load(os.path.join(path, name))
+        for name, role in self.checkpointed_roles():
+            role.load(os.path.join(path, name))
         state = load_run_state(path)
         self.step = state["step"]
         parts.train_loader.load_state_dict(state["loader"])
@@ -297,5 +251,6 @@ def run_rl(cfg: EmberConfig) -> int:
         trainer.fit()
     finally:
         trainer.parts.reward_manager.close()
+        trainer.parts.shutdown()
         trainer.logger.close()
     return 0

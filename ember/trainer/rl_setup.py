@@ -1,5 +1,6 @@
-"""Builds the parts of an RL run from its configuration: tokenizer, datasets, the actor,
-reference and critic engines, the rollout engine and the reward manager.
+"""Builds the parts of an RL run from its configuration: on the driver the tokenizer, datasets,
+reward manager and a worker group per resource pool (`build_components`); in each worker
+process the roles placed there (`build_rank_roles`: actor and rollout, reference, critic).
 
 Each builder reads only its own config slice and hands plain options to the component, so
 the components never see the whole configuration.
@@ -18,35 +19,47 @@ from ember.config import ConfigError
 from ember.config.schema import EmberConfig
 from ember.data.prompt_loader import PromptLoader
 from ember.data.rl_dataset import RLDataset
-from ember.distributed.device import current_device, device_type, request_device
+from ember.config.parallel import world_size as world_size_of
+from ember.config.placement import Placement, Pool, plan_placement
+from ember.distributed.device import current_device, device_type, request_device, world_size
+from ember.distributed.ray_cluster import start_ray
+from ember.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from ember.engines.base import MicroBatchSpec
 from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
 from ember.engines.optim import OptimOptions
 from ember.inference.config import EngineConfig
 from ember.models.loading import resolve_dtype
 from ember.rewards import RewardManager, resolve_reward_fn
-from ember.rollout import RolloutEngine, build_rollout
+from ember.rollout import build_rollout
 from ember.trainer.checkpoint import check_resume_path
+from ember.trainer.rank_worker import RankWorker
+from ember.trainer.role_groups import ActorGroup, CriticGroup, ReferenceGroup, RolloutGroup
 from ember.workers.actor import Actor, ActorOptions
 from ember.workers.critic import Critic, CriticOptions
+from ember.workers.reference import Reference
+from ember.workers.rollout import PolicyRollout
 
 
 @dataclass
 class RLComponents:
-    """Everything the RL loop drives."""
+    """Everything the RL loop drives: the data, the roles (wherever their processes run) and the rewards."""
 
     tokenizer: PreTrainedTokenizerBase
     train_loader: PromptLoader
     val_dataset: RLDataset | None
-    actor: Actor
-    reference: FSDPEngine | None
-    reference_micro_batch: MicroBatchSpec
-    """How the reference cuts a batch for its log-probs (`actor_rollout_ref.ref.log_prob_*`)."""
-    critic: Critic | None
-    rollout: RolloutEngine
+    actor: ActorGroup
+    reference: ReferenceGroup | None
+    critic: CriticGroup | None
+    rollout: RolloutGroup
     reward_manager: RewardManager
     eos_token_ids: list[int]
     total_steps: int
+
+    def shutdown(self) -> None:
+        """Stop the worker processes of every pool (a no-op for roles in this process)."""
+        for group in {id(role.group): role.group for role in (self.actor, self.reference, self.critic)
+                      if role is not None}.values():
+            group.shutdown()
 
 
 def use_configured_device(name: str) -> None:
@@ -190,75 +203,122 @@ def total_training_steps(cfg: EmberConfig, steps_per_epoch: int) -> int:
     return cfg.trainer.total_training_steps or steps_per_epoch * cfg.trainer.total_epochs
 
 
-def build_components(cfg: EmberConfig) -> RLComponents:
-    check_input_paths(cfg)
+def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int) -> dict[str, object]:
+    """The roles one process holds (see `rank_worker.py`), each sized for its data-parallel share:
+    "actor" (with "rollout" beside it), "reference", "critic"."""
     arr = cfg.actor_rollout_ref
     model_path = arr.model.path
-    tokenizer = load_tokenizer(cfg)
-    train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg)
-    train_loader = PromptLoader(train_dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
-    val_dataset = build_dataset(cfg.data.val_files, tokenizer, cfg) if cfg.data.val_files else None
-    total_steps = total_training_steps(cfg, len(train_loader))
     n = arr.rollout.n
-
-    actor_cfg = arr.actor
-    actor_updates = optimizer_steps_per_rl_step(cfg, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size)
+    dp_size = world_size()
+    batch_samples = cfg.data.train_batch_size * n
     speed_switches = dict(use_remove_padding=arr.model.use_remove_padding,
                           use_fused_kernels=arr.model.use_fused_kernels, compile_layers=arr.actor.use_torch_compile)
-    actor_engine = build_engine(model_path, "actor", arr.model, actor_cfg.fsdp_config,
-                                optim_options(actor_cfg.optim, actor_cfg.grad_clip, total_steps, actor_updates),
-                                seed=cfg.trainer.seed, **speed_switches)
-    batch_samples = cfg.data.train_batch_size * n
-    rollout_cfg, ref_cfg = arr.rollout, arr.ref
-    actor = Actor(actor_engine, ActorOptions(
-        mini_batch_samples=actor_cfg.ppo_mini_batch_size * n,
-        micro_batch=micro_batch_spec(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
-                                     actor_cfg.ppo_micro_batch_size_per_gpu, actor_cfg.ppo_mini_batch_size * n),
-        log_prob_micro_batch=micro_batch_spec(rollout_cfg.log_prob_use_dynamic_bsz,
-                                              rollout_cfg.log_prob_max_token_len_per_gpu,
-                                              rollout_cfg.log_prob_micro_batch_size_per_gpu, batch_samples),
-        ppo_epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle, policy_loss=actor_cfg.policy_loss.loss_mode,
-        clip=ClipConfig(clip_ratio=actor_cfg.clip_ratio, clip_ratio_low=actor_cfg.clip_ratio_low,
-                        clip_ratio_high=actor_cfg.clip_ratio_high, clip_ratio_c=actor_cfg.clip_ratio_c),
-        loss_agg_mode=actor_cfg.loss_agg_mode, entropy_coeff=actor_cfg.entropy_coeff,
-        use_kl_loss=actor_cfg.use_kl_loss, kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
-        temperature=arr.rollout.temperature, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
-
-    reference = None
-    reference_micro_batch = micro_batch_spec(ref_cfg.log_prob_use_dynamic_bsz, ref_cfg.log_prob_max_token_len_per_gpu,
-                                             ref_cfg.log_prob_micro_batch_size_per_gpu, batch_samples)
-    if uses_reference(cfg):
-        reference = build_engine(model_path, "ref", arr.model, arr.ref.fsdp_config, None, seed=cfg.trainer.seed,
-                                 **speed_switches)
-
-    critic = None
-    if uses_critic(cfg):
+    built: dict[str, object] = {}
+    if "actor" in roles:
+        actor_cfg, rollout_cfg = arr.actor, arr.rollout
+        actor_updates = optimizer_steps_per_rl_step(cfg, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size)
+        actor_engine = build_engine(model_path, "actor", arr.model, actor_cfg.fsdp_config,
+                                    optim_options(actor_cfg.optim, actor_cfg.grad_clip, total_steps, actor_updates),
+                                    seed=cfg.trainer.seed, **speed_switches)
+        mini_batch_samples = actor_cfg.ppo_mini_batch_size * n // dp_size
+        actor = Actor(actor_engine, ActorOptions(
+            mini_batch_samples=mini_batch_samples,
+            micro_batch=micro_batch_spec(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
+                                         actor_cfg.ppo_micro_batch_size_per_gpu, mini_batch_samples),
+            log_prob_micro_batch=micro_batch_spec(rollout_cfg.log_prob_use_dynamic_bsz,
+                                                  rollout_cfg.log_prob_max_token_len_per_gpu,
+                                                  rollout_cfg.log_prob_micro_batch_size_per_gpu, batch_samples),
+            ppo_epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle, policy_loss=actor_cfg.policy_loss.loss_mode,
+            clip=ClipConfig(clip_ratio=actor_cfg.clip_ratio, clip_ratio_low=actor_cfg.clip_ratio_low,
+                            clip_ratio_high=actor_cfg.clip_ratio_high, clip_ratio_c=actor_cfg.clip_ratio_c),
+            loss_agg_mode=actor_cfg.loss_agg_mode, entropy_coeff=actor_cfg.entropy_coeff,
+            use_kl_loss=actor_cfg.use_kl_loss, kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
+            temperature=rollout_cfg.temperature, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
+        tokenizer = load_tokenizer(cfg)
+        engine = build_rollout(rollout_cfg.name, actor_engine.module(), tokenizer.pad_token_id,
+                               max_batch_size=rollout_cfg.max_num_seqs, model_path=model_path,
+                               engine_config=engine_config(rollout_cfg) if rollout_cfg.name == "ember" else None)
+        if rollout_cfg.name == "ember" and actor_engine.syncs_live_parameters:
+            engine.share_training_weights()  # the actor's tensors themselves become the engine's weights
+        built["actor"] = actor
+        built["rollout"] = PolicyRollout(engine, actor, free_cache_engine=rollout_cfg.free_cache_engine)
+    if "reference" in roles:
+        ref_cfg = arr.ref
+        engine = build_engine(model_path, "ref", arr.model, ref_cfg.fsdp_config, None, seed=cfg.trainer.seed,
+                              **speed_switches)
+        built["reference"] = Reference(engine, micro_batch_spec(
+            ref_cfg.log_prob_use_dynamic_bsz, ref_cfg.log_prob_max_token_len_per_gpu,
+            ref_cfg.log_prob_micro_batch_size_per_gpu, batch_samples), temperature=arr.rollout.temperature)
+    if "critic" in roles:
         critic_cfg = cfg.critic
         critic_updates = optimizer_steps_per_rl_step(cfg, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size)
         critic_engine = build_engine(critic_cfg.model.path, "critic", critic_cfg.model, critic_cfg.model.fsdp_config,
                                      optim_options(critic_cfg.optim, critic_cfg.grad_clip, total_steps, critic_updates),
                                      seed=cfg.trainer.seed, use_remove_padding=critic_cfg.model.use_remove_padding)
-        critic_micro = critic_cfg.ppo_micro_batch_size_per_gpu or critic_cfg.ppo_mini_batch_size * n
-        critic = Critic(critic_engine, CriticOptions(
-            mini_batch_samples=critic_cfg.ppo_mini_batch_size * n,
+        mini_batch_samples = critic_cfg.ppo_mini_batch_size * n // dp_size
+        critic_micro = critic_cfg.ppo_micro_batch_size_per_gpu or mini_batch_samples
+        built["critic"] = Critic(critic_engine, CriticOptions(
+            mini_batch_samples=mini_batch_samples,
             micro_batch=micro_batch_spec(critic_cfg.use_dynamic_bsz, critic_cfg.ppo_max_token_len_per_gpu,
                                          critic_micro, critic_micro),
             forward_micro_batch=micro_batch_spec(critic_cfg.use_dynamic_bsz, critic_cfg.forward_max_token_len_per_gpu,
                                                  critic_cfg.forward_micro_batch_size_per_gpu, critic_micro),
             ppo_epochs=critic_cfg.ppo_epochs, shuffle=critic_cfg.shuffle, cliprange_value=critic_cfg.cliprange_value,
             loss_agg_mode=critic_cfg.loss_agg_mode, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
+    return built
 
-    rollout = build_rollout(arr.rollout.name, actor_engine.module(), tokenizer.pad_token_id,
-                            max_batch_size=arr.rollout.max_num_seqs, model_path=model_path,
-                            engine_config=engine_config(arr.rollout) if arr.rollout.name == "ember" else None)
-    if arr.rollout.name == "ember" and actor_engine.syncs_live_parameters:
-        rollout.share_training_weights()  # the actor's tensors themselves become the engine's weights
+
+def pool_roles(cfg: EmberConfig, placement: Placement) -> list[tuple[Pool, tuple[str, ...]]]:
+    """Each pool that holds a role of this run, with the roles its processes build (actor and rollout
+    together; the reference and critic beside them unless their own pool is elsewhere)."""
+    wanted = {"actor": "actor_rollout", "reference": "ref", "critic": "critic"}
+    if not uses_reference(cfg):
+        wanted.pop("reference")
+    if not uses_critic(cfg):
+        wanted.pop("critic")
+    by_pool: dict[Pool, list[str]] = {}
+    for role, pool_role in wanted.items():
+        pool = placement.pool_of(pool_role) if placement.split else placement.pools[0]
+        by_pool.setdefault(pool, []).append(role)
+    return [(pool, tuple(roles)) for pool, roles in by_pool.items()]
+
+
+def build_worker_groups(cfg: EmberConfig, total_steps: int) -> dict[str, object]:
+    """A worker group per pool of the run, keyed by role: in this process for a run of one device,
+    Ray workers otherwise (one per GPU of each pool)."""
+    placement = plan_placement(cfg)
+    layout = pool_roles(cfg, placement)
+    if world_size_of(cfg.trainer) == 1:
+        (pool, roles), = layout
+        group = LocalWorkerGroup(RankWorker, cfg, roles, total_steps, name=pool.name)
+        return {role: group for role in roles}
+    options = start_ray(cfg.ray_init, placement, wants_gpus=cfg.trainer.device != "cpu")
+    groups = {}
+    for pool, roles in layout:
+        group = RayWorkerGroup(pool, RankWorker, cfg, roles, total_steps, options=options)
+        groups.update({role: group for role in roles})
+    return groups
+
+
+def build_components(cfg: EmberConfig) -> RLComponents:
+    check_input_paths(cfg)
+    arr = cfg.actor_rollout_ref
+    tokenizer = load_tokenizer(cfg)
+    train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg)
+    train_loader = PromptLoader(train_dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
+    val_dataset = build_dataset(cfg.data.val_files, tokenizer, cfg) if cfg.data.val_files else None
+    total_steps = total_training_steps(cfg, len(train_loader))
+    groups = build_worker_groups(cfg, total_steps)
+    n = arr.rollout.n
+    actor = ActorGroup(groups["actor"], mini_batch_samples=arr.actor.ppo_mini_batch_size * n,
+                       ppo_epochs=arr.actor.ppo_epochs)
     reward = cfg.reward_model
     spec = resolve_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
                              cfg.custom_reward_function.reward_kwargs, cfg.data.reward_fn or None)
     reward_manager = RewardManager(spec, num_workers=reward.num_workers, timeout_s=reward.timeout_s,
                                    failure_score=reward.failure_score)
     return RLComponents(tokenizer=tokenizer, train_loader=train_loader, val_dataset=val_dataset, actor=actor,
-                        reference=reference, reference_micro_batch=reference_micro_batch,
-                        critic=critic, rollout=rollout, reward_manager=reward_manager,
-                        eos_token_ids=stop_token_ids(model_path, tokenizer), total_steps=total_steps)
+                        reference=ReferenceGroup(groups["reference"]) if "reference" in groups else None,
+                        critic=CriticGroup(groups["critic"]) if "critic" in groups else None,
+                        rollout=RolloutGroup(groups["actor"]), reward_manager=reward_manager,
+                        eos_token_ids=stop_token_ids(arr.model.path, tokenizer), total_steps=total_steps)

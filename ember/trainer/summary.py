@@ -27,7 +27,7 @@ def finish_rl_run(trainer, seconds: float) -> dict[str, float]:
     """Exports, plots and prints; returns the last validation metrics."""
     run_dir = trainer.run_dir
     export_dir = os.path.join(run_dir, "hf_model")
-    trainer.parts.actor.engine.export_hf(export_dir, tokenizer=trainer.parts.tokenizer)
+    trainer.parts.actor.export_hf(export_dir, tokenizer=trainer.parts.tokenizer)
     if rank() != 0:
         return {}
     metrics_path = os.path.join(run_dir, "metrics.jsonl")

@@ -21,6 +21,7 @@ from ember.algorithms import (
 )
 from ember.data.batch import Batch
 from ember.engines.base import LossContext, MicroBatchSpec, ModelOutput, TrainEngine
+from ember.workers.engine_role import EngineRole
 from ember.workers.minibatch import average_metrics, iterate_mini_batches
 
 
@@ -28,7 +29,7 @@ from ember.workers.minibatch import average_metrics, iterate_mini_batches
 class ActorOptions:
     """The slice of `actor_rollout_ref.actor` (and rollout) the actor needs."""
 
-    mini_batch_samples: int  # ppo_mini_batch_size × rollout.n, per data-parallel rank
+    mini_batch_samples: int  # ppo_mini_batch_size × rollout.n / data-parallel size: this rank's share
     micro_batch: MicroBatchSpec  # ppo_micro_batch_size_per_gpu, or ppo_max_token_len_per_gpu with use_dynamic_bsz
     log_prob_micro_batch: MicroBatchSpec  # for old log-probs: rollout.log_prob_* sizes
     ppo_epochs: int
@@ -45,23 +46,20 @@ class ActorOptions:
     seed: int
 
 
-class Actor:
-    """Computes log-probs of responses and updates the policy."""
+class Actor(EngineRole):
+    """Computes log-probs of responses and updates the policy; `version` counts its updates."""
 
     def __init__(self, engine: TrainEngine, options: ActorOptions):
-        self.engine = engine
+        super().__init__(engine)
         self.options = options
         self.policy_loss_fn = get_policy_loss_fn(options.policy_loss)
+        self.version = 0  # a rollout holding version v of the weights needs a sync when this differs
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         with self.engine.resident():
             output = self.engine.forward(batch, self.options.log_prob_micro_batch,
                                          temperature=self.options.temperature)
         return output.log_probs
-
-    def needs_old_log_probs(self, num_samples: int) -> bool:
-        """Old log-probs equal the current ones when the batch is used for exactly one update."""
-        return self.options.ppo_epochs > 1 or num_samples > self.options.mini_batch_samples
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         options = self.options
@@ -73,6 +71,7 @@ class Actor:
                     mini_batch, self._loss, options.micro_batch,
                     compute_entropy=True, temperature=options.temperature,
                     entropy_grad=options.entropy_coeff != 0))
+        self.version += 1
         return {f"actor/{key}": value for key, value in average_metrics(results).items()}
 
     def _loss(self, output: ModelOutput, batch: Batch, context: LossContext) -> tuple[torch.Tensor, dict[str, float]]:

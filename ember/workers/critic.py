@@ -10,6 +10,7 @@ import torch
 from ember.algorithms import compute_value_loss
 from ember.data.batch import Batch
 from ember.engines.base import LossContext, MicroBatchSpec, ModelOutput, TrainEngine
+from ember.workers.engine_role import EngineRole
 from ember.workers.minibatch import average_metrics, iterate_mini_batches
 
 
@@ -17,7 +18,7 @@ from ember.workers.minibatch import average_metrics, iterate_mini_batches
 class CriticOptions:
     """The slice of `critic` the critic needs."""
 
-    mini_batch_samples: int  # ppo_mini_batch_size × rollout.n, per data-parallel rank
+    mini_batch_samples: int  # ppo_mini_batch_size × rollout.n / data-parallel size: this rank's share
     micro_batch: MicroBatchSpec  # ppo_micro_batch_size_per_gpu, or ppo_max_token_len_per_gpu with use_dynamic_bsz
     forward_micro_batch: MicroBatchSpec  # forward_micro_batch_size_per_gpu, or forward_max_token_len_per_gpu
     ppo_epochs: int
@@ -28,11 +29,11 @@ class CriticOptions:
     seed: int
 
 
-class Critic:
+class Critic(EngineRole):
     """Estimates values of response tokens and fits them to the returns."""
 
     def __init__(self, engine: TrainEngine, options: CriticOptions):
-        self.engine = engine
+        super().__init__(engine)
         self.options = options
 
     def compute_values(self, batch: Batch) -> torch.Tensor:

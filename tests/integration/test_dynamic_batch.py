@@ -108,11 +108,11 @@ def test_rl_run_with_dynamic_batch_size(inputs, tmp_path):
         "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=64",
         "actor_rollout_ref.actor.ppo_epochs=2", "critic.ppo_max_token_len_per_gpu=48"))
     parts = trainer.parts
-    assert parts.actor.options.micro_batch == MicroBatchSpec(max_token_len=64)
-    assert parts.actor.options.log_prob_micro_batch == MicroBatchSpec(max_token_len=64)
-    assert parts.reference_micro_batch == MicroBatchSpec(max_token_len=64)
-    assert parts.critic.options.micro_batch == MicroBatchSpec(max_token_len=48)
-    assert parts.critic.options.forward_micro_batch == MicroBatchSpec(max_token_len=48)
+    assert parts.actor.in_process().options.micro_batch == MicroBatchSpec(max_token_len=64)
+    assert parts.actor.in_process().options.log_prob_micro_batch == MicroBatchSpec(max_token_len=64)
+    assert parts.reference.in_process().micro_batch == MicroBatchSpec(max_token_len=64)
+    assert parts.critic.in_process().options.micro_batch == MicroBatchSpec(max_token_len=48)
+    assert parts.critic.in_process().options.forward_micro_batch == MicroBatchSpec(max_token_len=48)
     metrics = metrics_by_step(run_dir)
     assert trainer.step == 2 and {1, 2} <= set(metrics)
     for step in (1, 2):

@@ -189,9 +189,9 @@ def test_rl_run_with_packing_and_fused_kernels(inputs, tmp_path):
         "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.model.use_fused_kernels=true",
         "critic.model.use_remove_padding=true"))
     parts = trainer.parts
-    for engine in (parts.actor.engine, parts.reference):
+    for engine in (parts.actor.in_process().engine, parts.reference.in_process().engine):
         assert engine.options.use_remove_padding and engine.options.use_fused_kernels
-    assert parts.critic.engine.options.use_remove_padding and not parts.critic.engine.options.use_fused_kernels
+    assert parts.critic.in_process().engine.options.use_remove_padding and not parts.critic.in_process().engine.options.use_fused_kernels
     metrics = metrics_by_step(run_dir)
     assert trainer.step == 2 and {1, 2} <= set(metrics)
     for step in (1, 2):

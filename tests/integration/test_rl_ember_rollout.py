@@ -14,10 +14,10 @@ def test_grpo_with_the_ember_engine_syncs_trained_weights(inputs, tmp_path):
                                           "trainer.val_before_train=True", "trainer.test_freq=3"))
     try:
         trainer.fit()
-        rollout_weights = dict(trainer.parts.rollout.engine.model.named_parameters())
-        actor_weights = engine_weights(trainer.parts.actor.engine)
+        rollout_weights = dict(trainer.parts.rollout.in_process().rollout.engine.model.named_parameters())
+        actor_weights = engine_weights(trainer.parts.actor.in_process().engine)
         # The last validation (after the last update) synced the final weights into the engine.
-        assert trainer.synced_version == trainer.actor_version == 3
+        assert trainer.parts.rollout.in_process().synced_version == trainer.parts.actor.in_process().version == 3
         for name, tensor in actor_weights.items():
             torch.testing.assert_close(rollout_weights[name].float(), tensor.float(), rtol=0, atol=0)
     finally:
@@ -34,8 +34,8 @@ def test_the_ember_engine_generates_what_the_hf_rollout_generates(inputs, tmp_pa
         prompts = [ember.parts.train_loader.dataset[i].prompt_ids for i in range(4)]
         greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=8,
                                 stop_token_ids=tuple(ember.parts.eos_token_ids))
-        from_ember = [output.token_ids for output in ember.rollout().generate(prompts, greedy)]
-        from_hf = [output.token_ids for output in hf.rollout().generate(prompts, greedy)]
+        from_ember = [output.token_ids for output in ember.parts.rollout.generate(prompts, greedy)]
+        from_hf = [output.token_ids for output in hf.parts.rollout.generate(prompts, greedy)]
         assert from_ember == from_hf
     finally:
         close(ember)
@@ -45,8 +45,9 @@ def test_the_ember_engine_generates_what_the_hf_rollout_generates(inputs, tmp_pa
 def test_at_one_rank_the_engine_holds_the_actors_own_tensors(inputs, tmp_path):
     trainer = build_trainer(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.rollout.name=ember"))
     try:
-        engine_parameters = dict(trainer.rollout().engine.model.named_parameters())
-        live = {name: parameter.to_local() for name, parameter in trainer.parts.actor.engine.model.named_parameters()}
+        trainer.parts.rollout.in_process().prepare()
+        engine_parameters = dict(trainer.parts.rollout.in_process().rollout.engine.model.named_parameters())
+        live = {name: parameter.to_local() for name, parameter in trainer.parts.actor.in_process().engine.model.named_parameters()}
         assert set(live) == set(engine_parameters)
         assert all(engine_parameters[name].data_ptr() == tensor.data_ptr() for name, tensor in live.items())
         name = next(iter(live))
@@ -61,8 +62,9 @@ def test_an_offloaded_actor_is_copied_not_shared(inputs, tmp_path):
     trainer = build_trainer(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.rollout.name=ember",
                                           "actor_rollout_ref.actor.fsdp_config.param_offload=True"))
     try:
-        engine_parameters = dict(trainer.rollout().engine.model.named_parameters())
-        live = {name: parameter.to_local() for name, parameter in trainer.parts.actor.engine.model.named_parameters()}
+        trainer.parts.rollout.in_process().prepare()
+        engine_parameters = dict(trainer.parts.rollout.in_process().rollout.engine.model.named_parameters())
+        live = {name: parameter.to_local() for name, parameter in trainer.parts.actor.in_process().engine.model.named_parameters()}
         assert not any(engine_parameters[name].data_ptr() == tensor.data_ptr() for name, tensor in live.items())
         for name, tensor in live.items():
             torch.testing.assert_close(engine_parameters[name], tensor, rtol=0, atol=0)
@@ -77,7 +79,7 @@ def test_remax_and_validation_wake_the_engine_that_training_put_to_sleep(inputs,
     try:
         trainer.fit()
         # free_cache_engine (the default): the cache is given back after every generation phase.
-        assert trainer.rollout_asleep and not trainer.parts.rollout.engine.kv_cache.is_allocated
+        assert trainer.parts.rollout.in_process().asleep and not trainer.parts.rollout.in_process().rollout.engine.kv_cache.is_allocated
     finally:
         close(trainer)
     metrics = metrics_by_step(tmp_path / "run")

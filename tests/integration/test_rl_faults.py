@@ -81,7 +81,7 @@ def test_non_finite_losses_skip_updates_and_three_in_a_row_stop_the_run(role, in
     run_dir = tmp_path / "run"
     trainer = build_trainer(run_overrides(inputs, run_dir, "trainer.total_training_steps=10", "trainer.save_freq=2",
                                           "trainer.val_before_train=False", "algorithm.adv_estimator=gae"))
-    worker = getattr(trainer.parts, role)
+    worker = getattr(trainer.parts, role).in_process()
     finite_loss = worker._loss
     nan_steps = {3, 5, 6, 7}
 

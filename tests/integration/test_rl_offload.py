@@ -55,7 +55,7 @@ def test_offloading_roles_are_on_the_device_only_in_their_phases(inputs, tmp_pat
         "trainer.total_training_steps=2", "trainer.save_freq=1", "trainer.val_before_train=True", "trainer.test_freq=1",
         *[f"{A}.actor.{key}" for key in offload], *[f"{A}.ref.{key}" for key in offload]))
     try:
-        engines = trainer.engines()
+        engines = [trainer.parts.actor.in_process().engine, trainer.parts.reference.in_process().engine]
         assert len(engines) == 2 and all(engine.options.param_offload for engine in engines)
         assert not any(state[id(engine)] for engine in engines)  # idle from the start
         trainer.fit()

@@ -82,7 +82,7 @@ def test_resume_modes_choose_the_starting_point(inputs, tmp_path, capsys):
         close(trainer)
         assert trainer.step == expected_step, mode
         assert trainer.parts.train_loader.state_dict()["position"] == expected_step, mode
-        weights = engine_weights(trainer.parts.actor.engine)
+        weights = engine_weights(trainer.parts.actor.in_process().engine)
         assert all(torch.equal(weights[name], expected_weights[name]) for name in expected_weights), mode
 
     trainer = build_trainer(overrides + ["trainer.resume_mode=resume_path",

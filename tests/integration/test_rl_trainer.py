@@ -105,7 +105,7 @@ def test_export_command_round_trips_to_transformers(grpo_run, tmp_path):
                                    engine_log_probs[row, :len(response)], atol=1e-5, rtol=0)
         with torch.no_grad():
             input_ids = torch.tensor([prompt + response])
-            assert torch.equal(model(input_ids).logits, trainer.parts.actor.engine.module()(input_ids).logits)
+            assert torch.equal(model(input_ids).logits, trainer.parts.actor.in_process().engine.module()(input_ids).logits)
     assert (out_dir / "tokenizer.json").is_file()
 
     # An earlier checkpoint is a different policy.
@@ -132,7 +132,7 @@ def test_ppo_variants(variant, inputs, tmp_path):
     run_dir = tmp_path / "run"
     trainer = build_trainer(run_overrides(inputs, run_dir, "trainer.total_training_steps=2",
                                           "trainer.val_before_train=False", *extra))
-    critic_before = engine_weights(trainer.parts.critic.engine) if trainer.parts.critic is not None else None
+    critic_before = engine_weights(trainer.parts.critic.in_process().engine) if trainer.parts.critic is not None else None
     fit(trainer)
     steps = metrics_by_step(run_dir)
     assert sorted(steps) == [1, 2]
@@ -140,7 +140,7 @@ def test_ppo_variants(variant, inputs, tmp_path):
         assert all_finite(value for key, value in metrics.items() if key.startswith(("actor/", "critic/")))
     if variant == "gae_two_epochs_two_mini_batches":
         assert all("timing_s/old_log_prob" in metrics and "critic/vf_loss" in metrics for metrics in steps.values())
-        critic_after = engine_weights(trainer.parts.critic.engine)
+        critic_after = engine_weights(trainer.parts.critic.in_process().engine)
         assert any(not torch.equal(critic_before[name], critic_after[name]) for name in critic_before)
         # Updates after the first one see a policy that moved away from the rollout's.
         assert any(metrics["actor/ppo_kl"] != 0 for metrics in steps.values())

@@ -67,7 +67,7 @@ def test_val_batch_size_and_reward_failures_in_validation_metrics(inputs, tmp_pa
         calls.clear()
         parts = trainer.parts
         sampling = validation_sampling(trainer.cfg.actor_rollout_ref.rollout.val_kwargs, 8, parts.eos_token_ids, seed=0)
-        metrics, _ = validate(trainer.rollout(), parts.val_dataset, parts.reward_manager, parts.tokenizer, sampling,
+        metrics, _ = validate(parts.rollout, parts.val_dataset, parts.reward_manager, parts.tokenizer, sampling,
                               parts.eos_token_ids, batch_size=None)
         assert calls == [TEST_SIZE]
         assert (metrics["val/reward_errors"], metrics["val/reward_timeouts"]) == (even, 1)

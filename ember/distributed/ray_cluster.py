@@ -1,0 +1,42 @@
+"""Starting or joining Ray for a run on many GPUs, and checking the cluster can hold its pools.
+
+`ray.init()` joins the cluster named by RAY_ADDRESS (or one started with `ray start` on this
+machine) and otherwise starts a local Ray with this machine's CPUs and GPUs. Workers inherit
+the driver's PYTHONPATH, so ember runs from a checkout as it does from an install.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ember.config.errors import ConfigError
+from ember.config.placement import Placement
+from ember.config.schema.resources import RayInitConfig
+from ember.distributed.worker_group import RayOptions
+
+
+def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -> RayOptions:
+    """Ray running (started here if needed) and holding the pools' GPUs; how the pools' workers are placed.
+
+    Workers take a GPU each when the cluster has GPUs and the run did not ask for the CPU
+    (`trainer.device=cpu`); otherwise each is a CPU worker (tests, CPU clusters).
+    """
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError("a run on several GPUs (trainer.nnodes × trainer.n_gpus_per_node > 1) needs Ray: "
+                          "pip install 'ember[ray]'") from None
+    if not ray.is_initialized():
+        environment = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+        ray.init(num_cpus=ray_init.num_cpus, include_dashboard=False, runtime_env={"env_vars": environment})
+    resources = ray.cluster_resources()
+    use_gpus = wants_gpus and resources.get("GPU", 0) > 0
+    kind = "GPU" if use_gpus else "CPU"
+    needed = sum(pool.size for pool in placement.pools) if placement.split else placement.pools[0].size
+    if resources.get(kind, 0) < needed:
+        nodes = max(pool.nnodes for pool in placement.pools)
+        raise ConfigError(f"the run asks for {needed} {kind}s in Ray but the cluster has {int(resources.get(kind, 0))} "
+                          f"(nodes: {len(ray.nodes())}, wanted {nodes}). On several machines start Ray first: "
+                          "`ray start --head` on one, `ray start --address=HEAD_IP:6379` on the others, then run "
+                          "ember on the head; or lower trainer.nnodes / trainer.n_gpus_per_node")
+    return RayOptions(use_gpus=use_gpus)

@@ -1,0 +1,30 @@
+"""One process of an RL run: the roles placed on its GPU, built from the configuration.
+
+A run on one device builds a single RankWorker in the driver's process (`LocalWorkerGroup`);
+a run on many GPUs has each Ray worker of a resource pool build one (`RayWorkerGroup`), whose
+engines are then ranks of that pool's process group. Role names: "actor", "rollout" (always
+beside the actor: it syncs from the actor's engine in the same process), "reference",
+"critic". The driver reaches the roles only through `call` (see `role_groups.py`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ember.config.schema import EmberConfig
+from ember.distributed.device import init_distributed
+
+
+class RankWorker:
+    """The roles of one rank; `call(role, method, ...)` runs a role's method here."""
+
+    def __init__(self, cfg: EmberConfig, roles: Sequence[str], total_steps: int):
+        from ember.trainer.rl_setup import build_rank_roles, use_configured_device
+
+        use_configured_device(cfg.trainer.device)
+        init_distributed()  # this rank's process group (a one-rank group in the driver's process)
+        self.roles = build_rank_roles(cfg, tuple(roles), total_steps)
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.roles[role], method)(*args, **kwargs)

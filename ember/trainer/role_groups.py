@@ -1,0 +1,136 @@
+"""The roles as the trainer sees them: actor, reference, critic and rollout on a worker group.
+
+Each object here has the methods the RL loop needs and nothing about ranks, engines or
+Ray. A batch method splits the batch into one contiguous share per data-parallel rank (the
+order `trainer.balance_batch` balanced), runs the role's method on every rank of its group
+at once and joins the results in order; an update returns the metrics the engine already
+reduced over ranks. The rollout splits prompts the same way and renumbers the samples.
+`start_update` returns a pending call, so roles in separate pools update at the same time.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ember.data.batch import Batch
+from ember.distributed.worker_group import LocalWorkerGroup, Pending
+from ember.rollout import RolloutOutput, SamplingParams
+
+
+class RoleGroup:
+    """Role `role` on every rank of `group`, which is also its data-parallel group."""
+
+    def __init__(self, group, role: str):
+        self.group = group
+        self.role = role
+
+    @property
+    def dp_size(self) -> int:
+        return self.group.world_size
+
+    def in_process(self) -> Any:
+        """The role object itself when it lives in the driver's process (one-device runs, tests)."""
+        if not isinstance(self.group, LocalWorkerGroup):
+            raise RuntimeError(f"the {self.role} runs in {self.group.world_size} worker processes, not in this one")
+        return self.group.worker.roles[self.role]
+
+    def _start_all(self, method: str, *args: Any) -> Pending:
+        return self.group.start_all("call", self.role, method, *args)
+
+    def _run_all(self, method: str, *args: Any) -> list[Any]:
+        return self._start_all(method, *args).wait()
+
+    def _start_split(self, method: str, batch: Batch, *args: Any) -> Pending:
+        """`method(share, *args)` on each rank with its contiguous share of `batch`."""
+        if len(batch) % self.dp_size:
+            raise ValueError(f"{self.role}.{method}: a batch of {len(batch)} samples does not split evenly over "
+                             f"{self.dp_size} data-parallel ranks")
+        size = len(batch) // self.dp_size
+        shares = [batch.select(range(start, start + size)) if self.dp_size > 1 else batch
+                  for start in range(0, len(batch), size)]
+        return self.group.start_each("call", [((self.role, method, share, *args), {}) for share in shares])
+
+    def save(self, path: str) -> None:
+        self._run_all("save", path)
+
+    def load(self, path: str) -> None:
+        self._run_all("load", path)
+
+
+class ActorGroup(RoleGroup):
+    def __init__(self, group, mini_batch_samples: int, ppo_epochs: int):
+        super().__init__(group, "actor")
+        self.mini_batch_samples = mini_batch_samples  # the whole mini-batch: ppo_mini_batch_size × rollout.n
+        self.ppo_epochs = ppo_epochs
+
+    def needs_old_log_probs(self, num_samples: int) -> bool:
+        """Old log-probs equal the current ones when the batch is used for exactly one update."""
+        return self.ppo_epochs > 1 or num_samples > self.mini_batch_samples
+
+    def compute_log_probs(self, batch: Batch) -> torch.Tensor:
+        return torch.cat(self._start_split("compute_log_probs", batch).wait())
+
+    def start_update(self, batch: Batch, step: int) -> Pending:
+        pending = self._start_split("update", batch, step)
+        return Pending(lambda: pending.wait()[0])
+
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        return self.start_update(batch, step).wait()
+
+    def export_hf(self, out_dir: str, tokenizer=None) -> None:
+        self._run_all("export_hf", out_dir, tokenizer)
+
+
+class ReferenceGroup(RoleGroup):
+    def __init__(self, group):
+        super().__init__(group, "reference")
+
+    def compute_log_probs(self, batch: Batch) -> torch.Tensor:
+        return torch.cat(self._start_split("compute_log_probs", batch).wait())
+
+
+class CriticGroup(RoleGroup):
+    def __init__(self, group):
+        super().__init__(group, "critic")
+
+    def compute_values(self, batch: Batch) -> torch.Tensor:
+        return torch.cat(self._start_split("compute_values", batch).wait())
+
+    def start_update(self, batch: Batch, step: int) -> Pending:
+        pending = self._start_split("update", batch, step)
+        return Pending(lambda: pending.wait()[0])
+
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        return self.start_update(batch, step).wait()
+
+
+class RolloutGroup(RoleGroup):
+    """Generation on every rank of the actor's pool, each with its share of the prompts."""
+
+    def __init__(self, group):
+        super().__init__(group, "rollout")
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[RolloutOutput]:
+        bounds = [len(prompts) * rank // self.dp_size for rank in range(self.dp_size + 1)]
+        per_rank = [((self.role, "generate", prompts[bounds[rank]:bounds[rank + 1]], _rank_sampling(sampling, rank)), {})
+                    for rank in range(self.dp_size)]
+        outputs = []
+        for rank, rank_outputs in enumerate(self.group.run_each("call", per_rank)):
+            for output in rank_outputs:
+                output.prompt_index += bounds[rank]
+                outputs.append(output)
+        return outputs
+
+    def sleep(self) -> None:
+        self._run_all("sleep")
+
+
+def _rank_sampling(sampling: SamplingParams, rank: int) -> SamplingParams:
+    """Each rank draws with its own seed (rank 0 keeps the run's), so shares never repeat each other's noise."""
+    if sampling.seed is None or rank == 0:
+        return sampling
+    from dataclasses import replace
+
+    return replace(sampling, seed=(sampling.seed * 1_000_003 + rank) % (1 << 63))
