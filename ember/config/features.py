@@ -13,7 +13,6 @@ from typing import Any
 
 from ember.config.errors import NotImplementedFeature
 from ember.config.introspect import value_at
-from ember.config.parallel import world_size
 from ember.config.schema import EmberConfig, SFTConfig
 
 Row = tuple[Callable[[Any], bool], Callable[[Any], str]]
@@ -33,12 +32,6 @@ def _yaml_text(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-_MULTI_GPU: Row = (
-    lambda cfg: world_size(cfg.trainer) > 1,
-    lambda cfg: (f"trainer.nnodes × trainer.n_gpus_per_node = {world_size(cfg.trainer)} GPUs is not implemented yet "
-                 "(the multi-GPU Ray path has not landed); use trainer.nnodes=1 trainer.n_gpus_per_node=1"),
-)
-
 _A = "actor_rollout_ref"
 
 # The names registered in ember.algorithms (kept here so loading a config imports no torch;
@@ -56,6 +49,8 @@ RL_UNIMPLEMENTED: list[Row] = [
      lambda cfg: "critic.strategy=megatron is not implemented yet; use fsdp"),
     (lambda cfg: cfg.actor_rollout_ref.rollout.name in ("vllm", "sglang"),
      lambda cfg: f"{_A}.rollout.name={cfg.actor_rollout_ref.rollout.name} is not available in ember yet; use ember (its own engine) or hf"),
+    _flag(f"{_A}.rollout.tensor_model_parallel_size",
+          "(one generation engine over several GPUs) is not implemented yet; use 1 (each GPU generates its share)"),
     _flag("trainer.noise_injection.enabled"),
     _flag("nla.enable"),
     _flag("reward_model.enable"),
@@ -80,7 +75,6 @@ RL_UNIMPLEMENTED: list[Row] = [
     (lambda cfg: cfg.actor_rollout_ref.actor.policy_loss.loss_mode not in IMPLEMENTED_POLICY_LOSSES,
      lambda cfg: f"{_A}.actor.policy_loss.loss_mode={cfg.actor_rollout_ref.actor.policy_loss.loss_mode} is not "
                  f"implemented yet; use one of {', '.join(IMPLEMENTED_POLICY_LOSSES)}"),
-    _MULTI_GPU,
 ]
 
 SFT_UNIMPLEMENTED: list[Row] = [

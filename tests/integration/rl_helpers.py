@@ -106,8 +106,9 @@ def build_trainer(overrides: list[str]) -> RLTrainer:
 
 
 def close(trainer: RLTrainer) -> None:
-    """Stops the reward workers and closes the loggers, as `ember train` does after a run."""
+    """Stops the reward workers and any worker processes and closes the loggers, as `ember train` does after a run."""
     trainer.parts.reward_manager.close()
+    trainer.parts.shutdown()
     trainer.logger.close()
 
 

@@ -1,9 +1,6 @@
 """Worker groups on a local Ray with CPU workers: ranks of one process group, results in rank order,
 split pools at the same time, and failures that name the rank."""
 
-import os
-from pathlib import Path
-
 import pytest
 
 from ember.config.placement import Pool
@@ -11,16 +8,6 @@ from ember.distributed.worker_group import LocalWorkerGroup, RayOptions, RayWork
 
 ray = pytest.importorskip("ray")
 CPU_WORKERS = RayOptions(use_gpus=False)
-
-
-@pytest.fixture(scope="module")
-def local_ray():
-    here = str(Path(__file__).parent)
-    path = os.pathsep.join([here, os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"}})
-    yield
-    ray.shutdown()
 
 
 def test_ray_workers_are_ranks_of_one_process_group(local_ray):

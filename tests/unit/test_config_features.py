@@ -25,7 +25,8 @@ def test_defaults_need_nothing_unimplemented():
     (["reward_model.enable=true", "reward_model.model.path=/rm"], "reward_model.enable=true is not implemented yet"),
     ([f"{A}.model.lora_rank=8"], f"{A}.model.lora_rank=8 (LoRA) is not implemented yet; use 0"),
     ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"], "ulysses_sequence_parallel_size=2"),
-    (["trainer.nnodes=2"], "trainer.nnodes × trainer.n_gpus_per_node = 2 GPUs is not implemented yet"),
+    ([f"{A}.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"],
+     f"{A}.rollout.tensor_model_parallel_size=2 (one generation engine over several GPUs) is not implemented yet"),
 ])
 def test_each_unimplemented_switch_is_named(overrides, message):
     cfg = load_config(overrides)

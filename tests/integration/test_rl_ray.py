@@ -1,0 +1,64 @@
+"""RL on two data-parallel ranks through Ray (CPU workers, gloo): the same update as one process,
+split and shared pools, and checkpoints that resume on another number of ranks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ember.trainer.checkpoint import list_checkpoints
+from ember.trainer.experience import generate_experience, score_experience, token_level_scores
+from rl_helpers import build_trainer, close, hf_weights, metrics_by_step, run_overrides, train
+
+pytestmark = pytest.mark.slow
+TWO_RANKS = ["trainer.n_gpus_per_node=2"]
+
+
+def test_a_grpo_update_on_two_ranks_equals_the_one_process_update(inputs, tmp_path, local_ray):
+    one = build_trainer(run_overrides(inputs, tmp_path / "one"))
+    two = build_trainer(run_overrides(inputs, tmp_path / "two", *TWO_RANKS))
+    try:
+        assert two.parts.actor.dp_size == 2 and one.parts.actor.dp_size == 1
+        prompts = next(iter(one.parts.train_loader))
+        experience = generate_experience(one.parts.rollout, prompts, one.sampling(), one.parts.tokenizer,
+                                         one.parts.eos_token_ids, uid_prefix="step1")
+        batch = experience.batch
+        batch.token_level_scores = token_level_scores(batch, score_experience(one.parts.reward_manager, experience).scores)
+        one.compute_advantages(batch)
+        assert batch.advantages.abs().sum() > 0
+        torch.testing.assert_close(two.parts.actor.compute_log_probs(batch), one.parts.actor.compute_log_probs(batch),
+                                   rtol=1e-5, atol=1e-5)
+        metrics_one, metrics_two = one.parts.actor.update(batch, 1), two.parts.actor.update(batch, 1)
+        assert metrics_two["actor/grad_norm"] == pytest.approx(metrics_one["actor/grad_norm"], rel=1e-4)
+        one.parts.actor.export_hf(str(tmp_path / "one-hf"))
+        two.parts.actor.export_hf(str(tmp_path / "two-hf"))
+        before, after_one, after_two = (hf_weights(inputs.model_dir), hf_weights(tmp_path / "one-hf"),
+                                        hf_weights(tmp_path / "two-hf"))
+        for name, weight in after_one.items():
+            torch.testing.assert_close(after_two[name], weight, rtol=1e-5, atol=1e-6, msg=name)
+        assert any(not torch.equal(after_one[name], before[name]) for name in after_one)
+    finally:
+        close(one)
+        close(two)
+
+
+def test_ppo_with_the_critic_in_its_own_pool(inputs, tmp_path, local_ray):
+    run_dir = tmp_path / "run"
+    trainer = train(run_overrides(inputs, run_dir, *TWO_RANKS, "algorithm.adv_estimator=gae",
+                                  "trainer.total_training_steps=2", "trainer.val_before_train=False",
+                                  "+resource_pool.actor_rollout.num_gpus=1", "+resource_pool.critic.num_gpus=1"))
+    assert trainer.parts.critic.group is not trainer.parts.actor.group
+    metrics = metrics_by_step(run_dir)
+    for step in (1, 2):
+        assert metrics[step]["critic/grad_norm"] > 0 and metrics[step]["actor/grad_norm"] > 0
+    assert (run_dir / "hf_model" / "model.safetensors").is_file()
+
+
+def test_a_checkpoint_of_two_ranks_resumes_on_one(inputs, tmp_path, local_ray):
+    run_dir = tmp_path / "run"
+    common = ["trainer.val_before_train=False", "trainer.save_freq=2"]
+    train(run_overrides(inputs, run_dir, *TWO_RANKS, *common, "trainer.total_training_steps=2"))
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [2]
+    resumed = train(run_overrides(inputs, run_dir, *common, "trainer.total_training_steps=3"))
+    assert resumed.step == 3
+    assert 3 in metrics_by_step(run_dir)
