@@ -58,7 +58,7 @@ class BadStepGuard:
         self.in_a_row = 0
         self.total = 0
         self.last_bad_step = ""  # "step N: why", for messages
-        self.unsound_since = ""  # "step N: why" of the diverged step while the weights are unsound
+        self.unsound_since = ""  # "step N: why" of the first diverged step while the weights are unsound
         self.last_sound_checkpoint: str | None = None  # set by the trainer when it saves or resumes
 
     def record(self, step: int, skipped: bool, watched: dict[str, float]) -> None:
@@ -66,7 +66,8 @@ class BadStepGuard:
         too_large = {key: value for key, value in watched.items() if math.isfinite(value) and abs(value) > self.bound}
         if too_large:
             shown = ", ".join(f"{key}={value:.3g}" for key, value in too_large.items())
-            self.last_bad_step = self.unsound_since = f"step {step}: {shown} above {self.BOUND_KEY}={self.bound:g}"
+            self.last_bad_step = f"step {step}: {shown} above {self.BOUND_KEY}={self.bound:g}"
+            self.unsound_since = self.unsound_since or self.last_bad_step
         elif skipped:
             self.last_bad_step = f"step {step}: a non-finite loss or gradient norm, update skipped"
         else:

@@ -101,7 +101,7 @@ def _read_rng_state(path: str) -> tuple[tuple, tuple, torch.Tensor, list[torch.T
         raise CheckpointProblem(f"{path} holds pickled Python objects (the format of ember before RNG format "
                                 f"{RNG_FORMAT}), which are not loaded since unpickling can run code from the "
                                 "file") from None
-    except (RuntimeError, EOFError, ValueError) as error:
+    except (RuntimeError, OSError, EOFError, ValueError) as error:
         raise CheckpointProblem(f"{path} does not load, it is cut short or damaged ({error})") from None
     if not isinstance(rng, dict) or rng.get("format") != RNG_FORMAT:
         raise CheckpointProblem(f"{path} is not an RNG state of format {RNG_FORMAT}, the one this ember writes")

@@ -23,6 +23,8 @@ def test_a_finite_loss_or_grad_norm_beyond_the_bound_makes_the_weights_unsound_u
     assert not guard.weights_sound  # a skipped update changes nothing: still the diverged weights
     guard.record(4, skipped=False, watched={"actor/loss": -2e7, "actor/grad_norm": 1.0})  # a loss, in magnitude
     assert not guard.weights_sound and guard.should_stop
+    assert guard.unsound_save_message(4).startswith("not writing the checkpoint of step 4: the weights are unsound "
+                                                    "since step 2: actor/grad_norm=3e+30")
     assert guard.stop_message() == ("3 updates in a row were bad (last at step 4: actor/loss=-2e+07 above "
                                     "trainer.max_loss_or_grad_norm=1e+06); the last sound checkpoint is "
                                     "run/global_step_1")
