@@ -14,7 +14,8 @@ to rule that out, a load is made all-or-nothing by what a successful one does: i
 tensor of each engine's state (model, optimizer, schedule; DCP refuses a checkpoint that lacks
 any of them), so loading the next checkpoint over a half-loaded engine leaves exactly that
 checkpoint's state; the loop's own state (step, loader, RNG) is applied only after every engine
-has loaded. DCP gathers read errors from all ranks, so the ranks fail and fall back together.
+has loaded. The checks read the same files on every rank (a shared filesystem, as saving
+needs) and DCP gathers read errors from all ranks, so the ranks fail and fall back together.
 
 `auto` tries the checkpoints newest first and resumes from the first that loads, with a
 warning naming each one skipped, why, and the one resumed from instead; when checkpoints exist

@@ -16,8 +16,9 @@ from ember.trainer.run_state import RNG_FILE, STATE_FILE, read_run_state, save_r
 
 def draws() -> tuple:
     """Numbers from every generator a checkpoint restores, the Gaussian caches included."""
+    cuda = torch.rand(3, device="cuda").tolist() if torch.cuda.is_available() else None
     return (random.random(), random.gauss(0, 1), np.random.rand(), np.random.standard_normal(),
-            torch.rand(3).tolist())
+            torch.rand(3).tolist(), cuda)
 
 
 def test_rng_states_restore_bit_for_bit_from_a_file_of_plain_tensors_and_numbers(tmp_path):
