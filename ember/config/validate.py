@@ -70,7 +70,8 @@ def _at_least_one(*paths: str) -> list[Bound]:
 
 def _run_bounds() -> list[Bound]:
     return [*_at_least_one("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.total_epochs", "trainer.total_training_steps"),
-            Bound("trainer.save_freq", low=-1), Bound("trainer.test_freq", low=-1)]
+            Bound("trainer.save_freq", low=-1), Bound("trainer.test_freq", low=-1),
+            Bound("trainer.max_loss_or_grad_norm", low=0, low_open=True)]
 
 
 def _megatron_bounds(path: str, megatron: MegatronConfig | None) -> list[Bound]:

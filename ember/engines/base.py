@@ -137,6 +137,11 @@ class TrainEngine(ABC):
         """Restore what `save` wrote, so that the next update is the one the saved engine would make."""
 
     @abstractmethod
+    def checkpoint_problem(self, path: str) -> str | None:
+        """None when `path` holds every file `load` reads, intact as far as can be seen without
+        loading; else what is wrong, naming the file. Reads files only: any rank may call."""
+
+    @abstractmethod
     def export_hf(self, out_dir: str, tokenizer=None) -> None:
         """Write a Hugging Face model directory (safetensors, config, generation config, tokenizer if given)."""
 

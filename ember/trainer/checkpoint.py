@@ -4,6 +4,7 @@ pruned to the newest `keep`, found again on resume.
 A checkpoint is written under a temporary name (`.global_step_N.tmp`) and renamed when every
 file is in place, so a crash mid-save never leaves a directory that looks complete. The
 newest complete step is also recorded in `latest_checkpointed_iteration.txt` (verl's name).
+What a resume does with the checkpoints found here (check, load, fall back) is `resume.py`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,16 @@ def list_checkpoints(root: str) -> list[tuple[int, str]]:
         if match and os.path.isdir(os.path.join(root, name)):
             found.append((int(match.group(1)), os.path.join(root, name)))
     return sorted(found)
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be loaded. The message names the checkpoint folder and the bad
+    file, says what is wrong and what to do; the `ember` command prints it and exits with 2."""
+
+
+class CheckpointProblem(Exception):
+    """One file of a checkpoint cannot be used; the message names the file and what is wrong with it.
+    Resume and export turn it into a CheckpointError that names the checkpoint and what to do."""
 
 
 def check_resume_path(path: str | None) -> None:
@@ -75,18 +86,14 @@ class CheckpointManager:
         for _, path in list_checkpoints(self.root)[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
 
-    def latest(self) -> str | None:
-        checkpoints = list_checkpoints(self.root)
-        return checkpoints[-1][1] if checkpoints else None
-
-    def resolve_resume(self, resume_mode: str, resume_from_path: str | None) -> str | None:
-        """The checkpoint to resume from: `auto` takes the newest (or none), `disable` none,
-        `resume_path` the given one, which must exist."""
+    def resume_candidates(self, resume_mode: str, resume_from_path: str | None) -> list[str]:
+        """The checkpoints a resume may start from, the preferred one first: `auto` every one
+        under the root, newest first; `disable` none; `resume_path` the given one, which must exist."""
         if resume_mode == "disable":
-            return None
+            return []
         if resume_mode == "auto":
-            return self.latest()
+            return [path for _, path in reversed(list_checkpoints(self.root))]
         if resume_mode == "resume_path":
             check_resume_path(resume_from_path)
-            return resume_from_path
+            return [resume_from_path]
         raise ValueError(f"trainer.resume_mode={resume_mode!r}; valid: auto, disable, resume_path")

@@ -6,7 +6,8 @@ configuration (`<run_dir>/config.yaml`, written when the run starts), whose base
 (`actor_rollout_ref.model.path` for RL, `model.partial_pretrain` for SFT) must still exist;
 which of the two commands wrote the run is read from that file's sections. The weights are
 loaded into a forward-only engine built as the run built its own and written with the run's
-tokenizer, ready for `AutoModelForCausalLM.from_pretrained`.
+tokenizer, ready for `AutoModelForCausalLM.from_pretrained`. A checkpoint with a missing or
+damaged file is refused with an error that names the file (`resume.py` checks and loads it).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from transformers import PreTrainedTokenizerBase
 
 from ember.config import ConfigError, EmberConfig, SFTConfig, load_config
 from ember.config.yaml_io import read_yaml_file
+from ember.trainer.checkpoint import CheckpointError, CheckpointProblem
+from ember.trainer.resume import check_engine_files, load_engines
 from ember.trainer.rl_setup import build_engine, check_model_path
 from ember.trainer.rl_setup import load_tokenizer as load_rl_tokenizer
 from ember.trainer.sft import ENGINE_DIR
@@ -50,7 +53,12 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
     # run's CPU offload policy (refused on a machine without an accelerator, useless for one forward).
     fsdp_config = replace(source.fsdp_config, offload_policy=False)
     engine = build_engine(source.model_path, "ref", source.model_cfg, fsdp_config, None, seed=source.seed)
-    engine.load(policy_dir)
+    try:
+        check_engine_files(checkpoint_dir, [(ENGINE_DIR, engine)])
+        load_engines(checkpoint_dir, [(ENGINE_DIR, engine)])
+    except CheckpointProblem as problem:
+        raise CheckpointError(f"checkpoint {checkpoint_dir} cannot be exported: {problem}. Export another "
+                              "global_step_N folder of the run") from None
     engine.export_hf(out_dir, tokenizer=source.tokenizer)
     return out_dir
 

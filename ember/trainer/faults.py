@@ -1,9 +1,11 @@
 """Faults a long run must survive: a Ctrl-C or SIGTERM becomes a request to stop after the
-current step with a checkpoint written, and repeated non-finite updates stop the run while
-the last good checkpoint is kept."""
+current step with a checkpoint written, and bad updates (non-finite, or finite but beyond
+`trainer.max_loss_or_grad_norm`) keep unsound weights out of checkpoints and, several in a
+row, stop the run, naming the last sound checkpoint."""
 
 from __future__ import annotations
 
+import math
 import signal
 import threading
 
@@ -34,19 +36,63 @@ class StopRequest:
             signal.signal(number, handler)
 
 
-class NonFiniteGuard:
-    """Counts updates skipped for a non-finite loss or gradient; `should_stop` after
-    `max_in_a_row` consecutive ones."""
+class BadStepGuard:
+    """Watches each step's updates and says whether the weights are fit for a checkpoint.
 
-    def __init__(self, max_in_a_row: int = 3):
+    A step is bad when the engine skipped an update (a non-finite loss or gradient norm: the
+    weights did not change) or when a watched value, a loss or a gradient norm before
+    clipping, is finite but above `bound`: that update was applied, and weights that blew up
+    without a NaN (1e30 everywhere) are finite garbage a NaN check never sees. From such a
+    diverged step the weights are unsound until a later step updates them within the bound
+    (garbage weights keep producing huge losses, so a sound update means they recovered). The
+    trainer writes no checkpoint from unsound weights, so `last_sound_checkpoint`, the newest
+    it wrote or resumed from, is always one to go back to. `should_stop` after `max_in_a_row`
+    bad steps in a row.
+    """
+
+    BOUND_KEY = "trainer.max_loss_or_grad_norm"
+
+    def __init__(self, bound: float, max_in_a_row: int = 3):
+        self.bound = bound
         self.max_in_a_row = max_in_a_row
         self.in_a_row = 0
         self.total = 0
+        self.last_bad_step = ""  # "step N: why", for messages
+        self.unsound_since = ""  # "step N: why" of the first diverged step while the weights are unsound
+        self.last_sound_checkpoint: str | None = None  # set by the trainer when it saves or resumes
 
-    def record(self, skipped: bool) -> None:
-        self.in_a_row = self.in_a_row + 1 if skipped else 0
-        self.total += int(skipped)
+    def record(self, step: int, skipped: bool, watched: dict[str, float]) -> None:
+        """The outcome of step `step`: whether an update was skipped, and its losses and gradient norms."""
+        too_large = {key: value for key, value in watched.items() if math.isfinite(value) and abs(value) > self.bound}
+        if too_large:
+            shown = ", ".join(f"{key}={value:.3g}" for key, value in too_large.items())
+            self.last_bad_step = f"step {step}: {shown} above {self.BOUND_KEY}={self.bound:g}"
+            self.unsound_since = self.unsound_since or self.last_bad_step
+        elif skipped:
+            self.last_bad_step = f"step {step}: a non-finite loss or gradient norm, update skipped"
+        else:
+            self.unsound_since = ""
+        bad = skipped or bool(too_large)
+        self.in_a_row = self.in_a_row + 1 if bad else 0
+        self.total += int(bad)
 
     @property
     def should_stop(self) -> bool:
         return self.in_a_row >= self.max_in_a_row
+
+    @property
+    def weights_sound(self) -> bool:
+        return not self.unsound_since
+
+    def sound_checkpoint_text(self) -> str:
+        if self.last_sound_checkpoint is None:
+            return "no sound checkpoint has been written yet"
+        return f"the last sound checkpoint is {self.last_sound_checkpoint}"
+
+    def stop_message(self) -> str:
+        return (f"{self.in_a_row} updates in a row were bad (last at {self.last_bad_step}); "
+                f"{self.sound_checkpoint_text()}")
+
+    def unsound_save_message(self, step: int) -> str:
+        return (f"not writing the checkpoint of step {step}: the weights are unsound since {self.unsound_since}; "
+                f"{self.sound_checkpoint_text()}")

@@ -2,7 +2,10 @@
 TensorBoard, and a jsonl file that is always written.
 
 `MetricLogger.log(step, metrics)` fans one dict of floats out to every sink. The jsonl file
-is the run's record: plots and tests read it back, and a resumed run appends to it.
+is the run's record: plots and tests read it back. `MetricLogger.start(resumed_step)` opens
+the sinks once the run knows where it starts, and drops what an earlier run in the folder
+logged after that point (metrics.jsonl is rewritten, TensorBoard gets `purge_step`), so a
+resumed run appends to the record of its checkpoint and each step is logged once.
 """
 
 from __future__ import annotations
@@ -64,11 +67,14 @@ class ConsoleSink:
 
 
 class JsonlSink:
-    """Appends `{"step": N, **metrics}` lines to `metrics.jsonl` in the run directory."""
+    """Appends `{"step": N, **metrics}` lines to `metrics.jsonl` in the run directory, after
+    dropping the lines of steps from `first_step` on that an earlier run left there."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, first_step: int):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         self.path = path
+        if os.path.exists(path):
+            _drop_records_from(path, first_step)
         self.file = open(path, "a", encoding="utf-8")
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
@@ -80,12 +86,13 @@ class JsonlSink:
 
 
 class TensorBoardSink:
-    """Scalars to TensorBoard event files under `log_dir`."""
+    """Scalars to TensorBoard event files under `log_dir`; readers discard the events of earlier
+    files from `first_step` on (`purge_step`)."""
 
-    def __init__(self, log_dir: str):
+    def __init__(self, log_dir: str, first_step: int):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(log_dir=log_dir)
+        self.writer = SummaryWriter(log_dir=log_dir, purge_step=first_step)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
@@ -103,33 +110,63 @@ class MetricLogger:
     """Writes each step's metrics to the sinks named in `trainer.logger` plus jsonl."""
 
     def __init__(self, run_dir: str, loggers: Iterable[str], total_steps: int, enabled: bool = True):
-        self.sinks = []
-        if not enabled:  # non-zero ranks log nothing
-            return
-        names = set(loggers)
-        unknown = names - set(SUPPORTED_LOGGERS)
+        self.run_dir = run_dir
+        self.names = set(loggers)
+        self.total_steps = total_steps
+        self.enabled = enabled  # non-zero ranks log nothing
+        self.sinks = None
+        unknown = self.names - set(SUPPORTED_LOGGERS)
         if unknown:
             raise ValueError(f"trainer.logger: unknown logger(s) {sorted(unknown)}; supported: {list(SUPPORTED_LOGGERS)}")
-        if "console" in names:
-            self.sinks.append(ConsoleSink(total_steps))
-        if "tensorboard" in names:
-            self.sinks.append(TensorBoardSink(os.path.join(run_dir, "tensorboard")))
-        self.sinks.append(JsonlSink(os.path.join(run_dir, "metrics.jsonl")))
+
+    def start(self, resumed_step: int | None) -> None:
+        """Opens the sinks for a run resumed at `resumed_step` (None: a fresh start). What an earlier
+        run logged after that step, or anything at all before a fresh start, is dropped: the run
+        logs those steps again."""
+        first_step = 0 if resumed_step is None else resumed_step + 1
+        self.sinks = []
+        if not self.enabled:
+            return
+        if "console" in self.names:
+            self.sinks.append(ConsoleSink(self.total_steps))
+        if "tensorboard" in self.names:
+            self.sinks.append(TensorBoardSink(os.path.join(self.run_dir, "tensorboard"), first_step))
+        self.sinks.append(JsonlSink(os.path.join(self.run_dir, "metrics.jsonl"), first_step))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
+        if self.sinks is None:
+            raise RuntimeError("MetricLogger.log before start(): the run must say where it starts first")
         clean = {key: float(value) for key, value in metrics.items()}
         for sink in self.sinks:
             sink.write(step, clean)
 
     def close(self) -> None:
-        for sink in self.sinks:
+        for sink in self.sinks or []:
             sink.close()
+
+
+def _drop_records_from(path: str, first_step: int) -> None:
+    """Rewrites the jsonl file at `path` without the records of `first_step` and later, and without
+    a last line cut short by a killed run; replaced in one rename, so a crash keeps the old file."""
+    with open(path, encoding="utf-8") as handle:
+        lines = handle.read().split("\n")
+    kept = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:  # empty, or the unfinished line of a killed run
+            continue
+        if record["step"] < first_step:
+            kept.append(line + "\n")
+    temporary = path + ".tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.writelines(kept)
+    os.replace(temporary, path)
 
 
 def read_jsonl_metrics(path: str) -> list[dict[str, float]]:
     """The records a run wrote, one dict per step. Records of one step merge (training and
-    validation metrics are logged separately); a resumed run re-logs the steps after its
-    checkpoint and the later values win."""
+    validation metrics are logged separately)."""
     by_step: dict[int, dict[str, float]] = {}
     with open(path, encoding="utf-8") as handle:
         for line in handle:

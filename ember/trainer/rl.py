@@ -26,15 +26,19 @@ from ember.rollout import SamplingParams
 from ember.trainer.balance import balance_batch
 from ember.trainer.checkpoint import CheckpointManager
 from ember.trainer.experience import generate_experience, score_experience, token_level_scores
-from ember.trainer.faults import NonFiniteGuard, StopRequest
+from ember.trainer.faults import BadStepGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.metrics import compute_data_metrics, compute_timing_metrics, timed
 from ember.trainer.rl_setup import RLComponents, build_components, use_configured_device
-from ember.trainer.run_state import load_run_state, save_run_state
+from ember.trainer.resume import resume_from_checkpoint
+from ember.trainer.run_state import save_run_state
 from ember.trainer.summary import finish_rl_run
 from ember.trainer.validation import validate, validation_sampling
 
 logger = logging.getLogger("ember.trainer")
+
+RUN_STATE_KEYS = ("step", "loader", "kl_coef", "validation_history")  # what `save` writes to trainer_state.json
+WATCHED_METRICS = ("actor/loss", "actor/grad_norm", "critic/loss", "critic/grad_norm")  # bounded by the guard
 
 
 class RLTrainer:
@@ -50,7 +54,7 @@ class RLTrainer:
                               else FixedKLController(kl.kl_coef))
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_actor_ckpt_to_keep, is_writer=rank() == 0)
         self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, parts.total_steps, enabled=rank() == 0)
-        self.guard = NonFiniteGuard(max_in_a_row=3)
+        self.guard = BadStepGuard(cfg.trainer.max_loss_or_grad_norm)
         self.validation_history: list[tuple[int, dict[str, float]]] = []
 
     def checkpointed_roles(self) -> list[tuple[str, object]]:
@@ -81,14 +85,12 @@ class RLTrainer:
                         metrics.update(self.validate())
                     self.logger.log(self.step, metrics)
                     if self.guard.should_stop:
-                        raise RuntimeError(f"{self.guard.max_in_a_row} updates in a row had a non-finite loss or "
-                                           f"gradient (last at step {self.step}); the last good checkpoint is kept in "
-                                           f"{self.run_dir}. Lower the learning rate or check the data.")
-                    if last or _every(cfg.trainer.save_freq, self.step) or stop.requested:
-                        self.save()
+                        raise RuntimeError(f"{self.guard.stop_message()}. Lower the learning rate or check the data.")
+                    checkpoint_due = last or _every(cfg.trainer.save_freq, self.step) or stop.requested
+                    saved = self.save() if checkpoint_due else False
                     if stop.requested and not last:  # a stop on the last step finishes the run
-                        logger.warning("stopping at step %d on %s; checkpoint saved, resume with "
-                                       "trainer.resume_mode=auto", self.step, stop.signal_name)
+                        logger.warning("stopping at step %d on %s; %s, resume with trainer.resume_mode=auto", self.step,
+                                       stop.signal_name, "checkpoint saved" if saved else "no checkpoint saved")
                         return {}
                     if last:
                         break
@@ -137,7 +139,8 @@ class RLTrainer:
             if critic_update is not None:
                 with timed(timings, "update_critic"):
                     metrics.update(critic_update.wait())
-            self.guard.record(metrics.get("actor/skipped", 0.0) > 0 or metrics.get("critic/skipped", 0.0) > 0)
+            self.guard.record(self.step, metrics.get("actor/skipped", 0.0) > 0 or metrics.get("critic/skipped", 0.0) > 0,
+                              {key: metrics[key] for key in WATCHED_METRICS if key in metrics})
         metrics.update(scored.metrics)
         metrics.update(balance_metrics)
         metrics["critic/acc/mean"] = scored.accuracies.mean().item()
@@ -201,8 +204,12 @@ class RLTrainer:
     def log_validation(self, metrics: dict[str, float]) -> None:
         self.logger.log(self.step, metrics)
 
-    def save(self) -> None:
+    def save(self) -> bool:
+        """Writes the checkpoint of this step unless its weights are unsound (see BadStepGuard); True if written."""
         parts = self.parts
+        if not self.guard.weights_sound:
+            logger.warning(self.guard.unsound_save_message(self.step))
+            return False
 
         def write(directory: str) -> None:
             for name, role in self.checkpointed_roles():
@@ -211,26 +218,30 @@ class RLTrainer:
                 save_run_state(directory, step=self.step, loader=parts.train_loader.state_dict(),
                                kl_coef=self.kl_controller.value, validation_history=self.validation_history)
 
-        self.checkpoints.save(self.step, write, barrier=_barrier)
+        self.guard.last_sound_checkpoint = self.checkpoints.save(self.step, write, barrier=_barrier)
+        return True
 
     def resume(self) -> None:
+        """Writes the resolved config to the run directory, continues from the checkpoint
+        `trainer.resume_mode` picks (see resume.py), and starts the metric log there."""
         trainer = self.cfg.trainer
-        path = self.checkpoints.resolve_resume(trainer.resume_mode, trainer.resume_from_path)
         if rank() == 0:
             os.makedirs(self.run_dir, exist_ok=True)
             with open(os.path.join(self.run_dir, "config.yaml"), "w", encoding="utf-8") as handle:
                 handle.write(config_to_yaml(self.cfg))
-        if path is None:
+        resumed = resume_from_checkpoint(self.checkpoints, trainer.resume_mode, trainer.resume_from_path,
+                                         self.checkpointed_roles(), RUN_STATE_KEYS)
+        if resumed is None:
+            self.logger.start(None)
             return
-        parts = self.parts
-        for name, role in self.checkpointed_roles():
-            role.load(os.path.join(path, name))
-        state = load_run_state(path)
+        state = resumed.values
         self.step = state["step"]
-        parts.train_loader.load_state_dict(state["loader"])
+        self.parts.train_loader.load_state_dict(state["loader"])
         self.kl_controller.value = state["kl_coef"]
         self.validation_history = [tuple(item) for item in state["validation_history"]]
-        logger.warning("resumed from %s at step %d", path, self.step)
+        self.guard.last_sound_checkpoint = resumed.path
+        self.logger.start(self.step)
+        logger.warning("resumed from %s at step %d", resumed.path, self.step)
 
 
 def _every(frequency: int, step: int) -> bool:

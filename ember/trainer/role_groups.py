@@ -55,6 +55,10 @@ class RoleGroup:
     def save(self, path: str) -> None:
         self._run_all("save", path)
 
+    def checkpoint_problem(self, path: str) -> str | None:
+        """The first problem any rank finds with the role's files under `path` (None: nothing found)."""
+        return next((problem for problem in self._run_all("checkpoint_problem", path) if problem is not None), None)
+
     def load(self, path: str) -> None:
         self._run_all("load", path)
 

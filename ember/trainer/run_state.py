@@ -1,39 +1,123 @@
 """The part of a checkpoint that belongs to the loop rather than an engine: the step, the
 data-loader position, the KL coefficient, validation history and every RNG state, so that a
-resumed run continues exactly where the saved one would have."""
+resumed run continues exactly where the saved one would have.
+
+`rng_state.pt` holds only tensors, numbers, strings and containers, so it is read with
+`torch.load(weights_only=True)`: a checkpoint from elsewhere cannot run code when loaded.
+Python's Mersenne Twister state is kept as its list of ints, numpy's as a tensor of its
+624 words; both go back bit for bit. Files written by older ember versions pickled numpy's
+state as objects and are refused rather than unpickled.
+
+Reading (`read_run_state`) checks both files completely, RNG states included, before a
+resume loads anything; `SavedRunState.restore_rng` applies them once everything has loaded.
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
+from ember.trainer.checkpoint import CheckpointProblem
+
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng_state.pt"
+RNG_FORMAT = 2  # 1 (unnumbered): pickled tuples and numpy arrays, refused since it needs weights_only=False
 
 
 def save_run_state(directory: str, **state) -> None:
     with open(os.path.join(directory, STATE_FILE), "w", encoding="utf-8") as handle:
         json.dump(state, handle, indent=2)
-    rng = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    torch.save(_current_rng_state(), os.path.join(directory, RNG_FILE))
+
+
+@dataclass(frozen=True)
+class SavedRunState:
+    """A checkpoint's loop state, read and checked: `values` from trainer_state.json, and the RNG
+    states from rng_state.pt in the form their generators take them, not applied yet."""
+
+    values: dict[str, Any]
+    python_rng: tuple
+    numpy_rng: tuple
+    torch_rng: torch.Tensor
+    cuda_rng: list[torch.Tensor] | None
+
+    def restore_rng(self) -> None:
+        random.setstate(self.python_rng)
+        np.random.set_state(self.numpy_rng)
+        torch.set_rng_state(self.torch_rng)
+        if self.cuda_rng is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+def read_run_state(directory: str, keys: Iterable[str]) -> SavedRunState:
+    """Both files of `directory`, checked: trainer_state.json must be a JSON object with `keys`,
+    rng_state.pt a safely loadable RNG state this version writes. Raises CheckpointProblem."""
+    return SavedRunState(_read_values(os.path.join(directory, STATE_FILE), keys),
+                         *_read_rng_state(os.path.join(directory, RNG_FILE)))
+
+
+def _read_values(path: str, keys: Iterable[str]) -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise CheckpointProblem(f"{path} is missing")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            values = json.load(handle)
+    except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
+        raise CheckpointProblem(f"{path} is not valid JSON, it is cut short or damaged ({error})") from None
+    missing = [key for key in keys if not isinstance(values, dict) or key not in values]
+    if missing:
+        raise CheckpointProblem(f"{path} lacks {', '.join(missing)}; it was not written by this run's trainer")
+    return values
+
+
+def _current_rng_state() -> dict[str, Any]:
+    version, internal, gauss_next = random.getstate()
+    _, keys, position, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    rng = {"format": RNG_FORMAT,
+           "python": {"version": version, "internal": list(internal), "gauss_next": gauss_next},
+           "numpy": {"keys": torch.from_numpy(keys.astype(np.int64)), "position": int(position),
+                     "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+           "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         rng["cuda"] = torch.cuda.get_rng_state_all()
-    torch.save(rng, os.path.join(directory, RNG_FILE))
+    return rng
 
 
-def load_run_state(directory: str) -> dict:
-    path = os.path.join(directory, STATE_FILE)
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{directory} has no {STATE_FILE}; it is not a complete ember checkpoint")
-    with open(path, encoding="utf-8") as handle:
-        state = json.load(handle)
-    rng = torch.load(os.path.join(directory, RNG_FILE), weights_only=False)
-    random.setstate(rng["python"])
-    np.random.set_state(rng["numpy"])
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-    return state
+def _read_rng_state(path: str) -> tuple[tuple, tuple, torch.Tensor, list[torch.Tensor] | None]:
+    """The Python, numpy, torch and CUDA states of `path`, each tried on a scratch generator."""
+    if not os.path.isfile(path):
+        raise CheckpointProblem(f"{path} is missing")
+    try:
+        rng = torch.load(path, weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointProblem(f"{path} holds pickled Python objects (the format of ember before RNG format "
+                                f"{RNG_FORMAT}), which are not loaded since unpickling can run code from the "
+                                "file") from None
+    except (RuntimeError, OSError, EOFError, ValueError) as error:
+        raise CheckpointProblem(f"{path} does not load, it is cut short or damaged ({error})") from None
+    if not isinstance(rng, dict) or rng.get("format") != RNG_FORMAT:
+        raise CheckpointProblem(f"{path} is not an RNG state of format {RNG_FORMAT}, the one this ember writes")
+    try:
+        python = rng["python"]
+        python_rng = (python["version"], tuple(python["internal"]), python["gauss_next"])
+        random.Random().setstate(python_rng)
+        numpy = rng["numpy"]
+        numpy_rng = ("MT19937", numpy["keys"].numpy().astype(np.uint32), numpy["position"], numpy["has_gauss"],
+                     numpy["cached_gaussian"])
+        np.random.RandomState().set_state(numpy_rng)
+        torch.Generator().set_state(rng["torch"])
+        cuda_rng = rng.get("cuda")
+        if cuda_rng is not None and not all(isinstance(state, torch.Tensor) for state in cuda_rng):
+            raise TypeError("the CUDA states are not tensors")
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError) as error:
+        raise CheckpointProblem(f"{path} holds an RNG state that does not restore ({type(error).__name__}: "
+                                f"{error})") from None
+    return python_rng, numpy_rng, rng["torch"], cuda_rng

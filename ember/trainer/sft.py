@@ -37,16 +37,18 @@ from ember.engines.optim import OptimOptions
 from ember.trainer.checkpoint import CheckpointManager
 from ember.trainer.command_line import (OVERRIDE_HELP, RunPlan, add_config_arguments, config_overrides, exit_status,
                                         run_configured)
-from ember.trainer.faults import NonFiniteGuard, StopRequest
+from ember.trainer.faults import BadStepGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.plot import plot_curves
 from ember.trainer.rl_setup import build_engine, use_configured_device
-from ember.trainer.run_state import load_run_state, save_run_state
+from ember.trainer.resume import resume_from_checkpoint
+from ember.trainer.run_state import save_run_state
 from ember.trainer.sft_step import sft_eval_sums, sft_update
 
 logger = logging.getLogger("ember.sft")
 
 ENGINE_DIR = "actor"  # the engine's folder inside global_step_N, named as `ember train` names the policy's
+RUN_STATE_KEYS = ("step", "loader")  # what `save` writes to trainer_state.json
 
 
 class SFTTrainer:
@@ -67,7 +69,7 @@ class SFTTrainer:
         self.step = 0
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_ckpt_to_keep, is_writer=self.rank == 0)
         self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, self.total_steps, enabled=self.rank == 0)
-        self.guard = NonFiniteGuard(max_in_a_row=3)
+        self.guard = BadStepGuard(cfg.trainer.max_loss_or_grad_norm)
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -85,14 +87,12 @@ class SFTTrainer:
                         metrics["val/loss"] = self.validation_loss()
                     self.logger.log(self.step, metrics)
                     if self.guard.should_stop:
-                        raise RuntimeError(f"{self.guard.max_in_a_row} updates in a row had a non-finite loss or "
-                                           f"gradient (last at step {self.step}); the last good checkpoint is kept in "
-                                           f"{self.run_dir}. Lower optim.lr or check the data.")
-                    if last or _every(trainer.save_freq, self.step) or stop.requested:
-                        self.save()
+                        raise RuntimeError(f"{self.guard.stop_message()}. Lower optim.lr or check the data.")
+                    checkpoint_due = last or _every(trainer.save_freq, self.step) or stop.requested
+                    saved = self.save() if checkpoint_due else False
                     if stop.requested:
-                        logger.warning("stopping at step %d on %s; checkpoint saved, resume with "
-                                       "trainer.resume_mode=auto", self.step, stop.signal_name)
+                        logger.warning("stopping at step %d on %s; %s, resume with trainer.resume_mode=auto", self.step,
+                                       stop.signal_name, "checkpoint saved" if saved else "no checkpoint saved")
                         return
                     if last:
                         break
@@ -111,7 +111,8 @@ class SFTTrainer:
         update = sft_update(self.engine, rank_share(examples, self.rank, self.dp_size),
                             self.tokenizer.pad_token_id, self.micro_batches)
         seconds = time.perf_counter() - start
-        self.guard.record(update["skipped"] > 0)
+        self.guard.record(self.step, update["skipped"] > 0,
+                          {"train/loss": update["loss"], "train/grad_norm": update["grad_norm"]})
         tokens = sum(len(example.input_ids) for example in examples)
         return {"train/loss": update["loss"], "train/lr": update["lr"], "train/grad_norm": update["grad_norm"],
                 "train/tokens_per_s": tokens / seconds, "train/epoch": self.step / len(self.train_loader)}
@@ -128,30 +129,38 @@ class SFTTrainer:
 
     # --- checkpoints and the end ------------------------------------------------------------------
 
-    def save(self) -> None:
+    def save(self) -> bool:
+        """Writes the checkpoint of this step unless its weights are unsound (see BadStepGuard); True if written."""
+        if not self.guard.weights_sound:
+            logger.warning(self.guard.unsound_save_message(self.step))
+            return False
+
         def write(directory: str) -> None:
             self.engine.save(os.path.join(directory, ENGINE_DIR))
             if self.rank == 0:
                 save_run_state(directory, step=self.step, loader=self.train_loader.state_dict())
 
-        self.checkpoints.save(self.step, write, barrier=dist.barrier)
+        self.guard.last_sound_checkpoint = self.checkpoints.save(self.step, write, barrier=dist.barrier)
+        return True
 
     def resume(self) -> None:
-        """Write the resolved config to the run directory and continue from the checkpoint
-        `trainer.resume_mode` picks, if any."""
+        """Write the resolved config to the run directory, continue from the checkpoint
+        `trainer.resume_mode` picks, if any (see resume.py), and start the metric log there."""
         trainer = self.cfg.trainer
-        path = self.checkpoints.resolve_resume(trainer.resume_mode, trainer.resume_from_path)
         if self.rank == 0:
             os.makedirs(self.run_dir, exist_ok=True)
             with open(os.path.join(self.run_dir, "config.yaml"), "w", encoding="utf-8") as handle:
                 handle.write(config_to_yaml(self.cfg))
-        if path is None:
+        resumed = resume_from_checkpoint(self.checkpoints, trainer.resume_mode, trainer.resume_from_path,
+                                         [(ENGINE_DIR, self.engine)], RUN_STATE_KEYS)
+        if resumed is None:
+            self.logger.start(None)
             return
-        self.engine.load(os.path.join(path, ENGINE_DIR))
-        state = load_run_state(path)
-        self.step = state["step"]
-        self.train_loader.load_state_dict(state["loader"])
-        logger.warning("resumed from %s at step %d", path, self.step)
+        self.step = resumed.values["step"]
+        self.train_loader.load_state_dict(resumed.values["loader"])
+        self.guard.last_sound_checkpoint = resumed.path
+        self.logger.start(self.step)
+        logger.warning("resumed from %s at step %d", resumed.path, self.step)
 
     def finish(self) -> None:
         """The trained model as a Hugging Face directory, and the loss curves as a PNG."""

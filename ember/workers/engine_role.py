@@ -23,6 +23,10 @@ class EngineRole:
         with self.engine.resident():
             self.engine.save(path)
 
+    def checkpoint_problem(self, path: str) -> str | None:
+        """What is wrong with the engine's files under `path` before loading them (None: nothing found)."""
+        return self.engine.checkpoint_problem(path)
+
     def load(self, path: str) -> None:
         with self.engine.resident():
             self.engine.load(path)

@@ -1,5 +1,6 @@
 """Faults an RL run must survive or report: SIGTERM (checkpoint and clean exit), non-finite
-losses (skipped updates, then a stop), and bad inputs (a clear error before any work)."""
+losses (skipped updates, then a stop), diverged losses (no checkpoint of their weights, then a
+stop naming the last sound one), and bad inputs (a clear error before any work)."""
 
 from __future__ import annotations
 
@@ -90,8 +91,10 @@ def test_non_finite_losses_skip_updates_and_three_in_a_row_stop_the_run(role, in
         return (loss * float("nan"), metrics) if trainer.step in nan_steps else (loss, metrics)
 
     worker._loss = loss_that_goes_nan
-    with pytest.raises(RuntimeError, match=r"3 updates in a row had a non-finite loss or gradient \(last at step 7\)"):
+    with pytest.raises(RuntimeError) as stopped:
         fit(trainer)
+    assert str(stopped.value).startswith("3 updates in a row were bad (last at step 7: a non-finite loss or gradient "
+                                         f"norm, update skipped); the last sound checkpoint is {run_dir / 'global_step_6'}")
 
     steps = metrics_by_step(run_dir)
     assert sorted(steps) == [1, 2, 3, 4, 5, 6, 7]
@@ -104,6 +107,32 @@ def test_non_finite_losses_skip_updates_and_three_in_a_row_stop_the_run(role, in
         after_step_2 = hf_weights(export_checkpoint(str(run_dir / "global_step_2"), str(tmp_path / "step2")))
         assert all(torch.equal(current[name], after_step_4[name]) for name in after_step_4)
         assert any(not torch.equal(after_step_2[name], after_step_4[name]) for name in after_step_4)
+
+
+def test_a_diverged_loss_keeps_its_weights_out_of_checkpoints_and_names_the_last_sound_one(inputs, tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    trainer = build_trainer(run_overrides(inputs, run_dir, "trainer.total_training_steps=10", "trainer.save_freq=2",
+                                          "trainer.val_before_train=False"))
+    worker = trainer.parts.actor
+    finite_loss = worker._loss
+    diverged_steps = {3, 4, 5}
+
+    def loss_that_blows_up(output, batch, context):  # finite: no NaN check would see it
+        loss, metrics = finite_loss(output, batch, context)
+        return (loss * 1e12, metrics) if trainer.step in diverged_steps else (loss, metrics)
+
+    worker._loss = loss_that_blows_up
+    with pytest.raises(RuntimeError) as stopped:
+        fit(trainer)
+
+    steps = metrics_by_step(run_dir)
+    assert all(steps[step]["actor/grad_norm"] > 1e8 and steps[step]["actor/skipped"] == 0 for step in diverged_steps)
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [2]  # step 4's weights were not written
+    sound = run_dir / "global_step_2"
+    assert str(stopped.value).startswith("3 updates in a row were bad (last at step 5: actor/grad_norm=")
+    assert f"above trainer.max_loss_or_grad_norm=1e+08); the last sound checkpoint is {sound}" in str(stopped.value)
+    assert any(record.message.startswith("not writing the checkpoint of step 4: the weights are unsound since step 3: ")
+               and record.message.endswith(f"the last sound checkpoint is {sound}") for record in caplog.records)
 
 
 @pytest.mark.parametrize("key, missing", [

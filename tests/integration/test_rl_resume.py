@@ -1,12 +1,17 @@
 """Resuming RL runs: a run killed after a checkpoint and resumed ends exactly where an
-uninterrupted run ends; resume modes pick the right starting point."""
+uninterrupted run ends; resume modes pick the right starting point; the resumed run's
+metrics (metrics.jsonl, TensorBoard) hold each step once."""
 
 from __future__ import annotations
 
+import json
+import shutil
 import signal
+import time
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from ember.cli import main as ember_main
 from rl_helpers import (
@@ -34,6 +39,7 @@ STATEFUL_RUN = ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True"
                 "actor_rollout_ref.actor.optim.lr_warmup_steps=3", "critic.optim.lr_warmup_steps=3",
                 "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=2"]
 NOT_REPRODUCIBLE = ("timing_s/", "perf/throughput")
+VALIDATION_METRIC = f"val-core/{DATA_SOURCE}/acc"
 
 
 @pytest.mark.slow
@@ -103,3 +109,23 @@ def test_resume_modes_choose_the_starting_point(inputs, tmp_path, capsys):
         assert status == 2
         error = capsys.readouterr().err
         assert "trainer.resume_from_path" in error and str(bad_path) in error and "global_step_N" in error
+
+
+def test_a_resumed_run_logs_each_step_once(inputs, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = run_overrides(inputs, run_dir, "trainer.save_freq=2")
+    train(overrides)
+    shutil.rmtree(run_dir / "global_step_3")  # as if killed after logging step 3, before its checkpoint
+    time.sleep(1.1)  # TensorBoard orders event files by the second they were created in
+    resumed = train(overrides)
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [record["step"] for record in records if "actor/pg_loss" in record] == [1, 2, 3]
+    assert [record["step"] for record in records if VALIDATION_METRIC in record] == [0, 3]
+    accumulator = EventAccumulator(str(run_dir / "tensorboard"))
+    accumulator.Reload()
+    for tag, steps in (("actor/pg_loss", [1, 2, 3]), (VALIDATION_METRIC, [0, 3])):
+        assert [event.step for event in accumulator.Scalars(tag)] == steps, tag
+    step_3 = next(record for record in records if record["step"] == 3 and "actor/pg_loss" in record)
+    assert accumulator.Scalars("actor/grad_norm")[-1].value == pytest.approx(step_3["actor/grad_norm"])
+    assert resumed.step == 3

@@ -1,8 +1,9 @@
 """`ember sft` end to end on a tiny model: the loss against transformers, learning and the
-exported model, both config dialects, data errors through the command, exact resume after
-SIGTERM and SIGKILL, and two torchrun ranks against one process."""
+exported model, both config dialects, data errors through the command, a diverged loss kept out
+of checkpoints, exact resume after SIGTERM and SIGKILL, and two torchrun ranks against one process."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -103,6 +104,23 @@ def test_ranks_take_contiguous_blocks_and_evaluation_pads_without_targets():
 
 
 # --- whole runs in this process --------------------------------------------------------------------
+
+
+def test_a_diverged_loss_keeps_its_weights_out_of_checkpoints(workspace, tmp_path, monkeypatch):
+    def update_with_a_planted_loss(engine, examples, *args):
+        update = sft_update(engine, examples, *args)
+        steps["count"] += 1
+        return {**update, "loss": 3e9} if steps["count"] >= 2 else update
+
+    steps = {"count": 0}
+    monkeypatch.setattr("ember.trainer.sft.sft_update", update_with_a_planted_loss)
+    run_dir = tmp_path / "run"
+    with pytest.raises(RuntimeError, match=r"^3 updates in a row were bad \(last at step 4: train/loss=3e\+09 above "
+                                           r"trainer.max_loss_or_grad_norm=1e\+08\); the last sound checkpoint is "
+                                           + re.escape(str(run_dir / "global_step_1"))):
+        main(["sft", *run_args(workspace, run_dir, "data.train_batch_size=4", "data.micro_batch_size_per_gpu=4",
+                                "trainer.total_training_steps=8", "trainer.save_freq=1")])
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [1]
 
 
 @pytest.mark.slow

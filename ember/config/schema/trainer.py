@@ -30,6 +30,9 @@ class RunConfig:
     total_training_steps: int | None = field_(None, "stop after this many steps; null = total_epochs worth of steps")
     save_freq: int = field_(-1, "save a checkpoint every this many steps; -1 = only at the end")
     test_freq: int = field_(-1, "validate every this many steps; -1 = never during training")
+    max_loss_or_grad_norm: float = field_(
+        1e8, "a loss or gradient norm (before clipping) above this makes a step bad, like a non-finite one: "
+        "its weights are not checkpointed, and 3 bad steps in a row stop the run")
     resume_mode: ResumeMode = field_(
         "auto", "auto resumes from the latest checkpoint in default_local_dir, disable starts fresh, resume_path uses resume_from_path")
     resume_from_path: str | None = field_(None, "checkpoint folder to resume from when resume_mode is resume_path")

@@ -3,7 +3,9 @@
 A checkpoint directory holds `model/` and `optim/` written by torch.distributed.checkpoint
 (each rank writes its own shards; a checkpoint loads at any world size) and
 `engine_state.json` with the learning-rate schedule's position. Every rank calls `save` and
-`load`. `export_hf_model` gathers the full weights on rank 0 and writes what
+`load`. `checkpoint_problem` checks a directory before a load without reading its shards: the
+DCP metadata lists every shard with the bytes it must hold, so a missing or cut-short shard
+shows from the file sizes. `export_hf_model` gathers the full weights on rank 0 and writes what
 `from_pretrained` reads; it is an output for users, not a resume point.
 """
 
@@ -59,6 +61,47 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optimizer | None, lr
     if lr_scheduler is not None:
         with open(state_file) as file:
             lr_scheduler.load_state_dict(json.load(file)["lr_scheduler"])
+
+
+def checkpoint_problem(path: str, with_optimizer: bool) -> str | None:
+    """What would keep `load_checkpoint` from reading `path`, naming the file, or None: the
+    schedule's state parses, and in `model/` (and `optim/` when `with_optimizer`) the DCP
+    metadata reads and every shard it lists is there and as long as the metadata says."""
+    state_file = os.path.join(path, ENGINE_STATE_FILE)
+    if not os.path.isfile(state_file):
+        return f"{state_file} is missing"
+    try:
+        with open(state_file) as file:
+            state = json.load(file)
+    except ValueError as error:
+        return f"{state_file} is not valid JSON, it is cut short or damaged ({error})"
+    if not isinstance(state, dict) or "lr_scheduler" not in state:
+        return f"{state_file} has no lr_scheduler entry; it was not written by the FSDP engine's save"
+    for folder in ("model", "optim") if with_optimizer else ("model",):
+        problem = _dcp_folder_problem(os.path.join(path, folder))
+        if problem is not None:
+            return problem
+    return None
+
+
+def _dcp_folder_problem(folder: str) -> str | None:
+    metadata_file = os.path.join(folder, ".metadata")
+    if not os.path.isfile(metadata_file):
+        return f"{metadata_file} is missing"
+    try:
+        storage = dcp.FileSystemReader(folder).read_metadata().storage_data
+        needed: dict[str, int] = {}  # shard file -> the bytes its items span
+        for item in storage.values():
+            needed[item.relative_path] = max(needed.get(item.relative_path, 0), item.offset + item.length)
+    except Exception as error:  # a damaged pickle raises whatever its bytes lead to
+        return f"{metadata_file} does not load, it is cut short or damaged ({type(error).__name__}: {error})"
+    for name, size in sorted(needed.items()):
+        shard = os.path.join(folder, name)
+        if not os.path.isfile(shard):
+            return f"{shard} is missing (its .metadata lists it)"
+        if os.path.getsize(shard) < size:
+            return f"{shard} is cut short: {os.path.getsize(shard)} bytes where its .metadata lists {size}"
+    return None
 
 
 def export_hf_model(out_dir: str, model: nn.Module, *, value_head: bool, dtype: str, attn_implementation: str,

@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 from ember.data.batch import Batch
 from ember.distributed.device import current_device, device_type, init_distributed, world_size
 from ember.engines.base import LossContext, LossFn, MicroBatchSpec, ModelOutput, TrainEngine
-from ember.engines.fsdp.checkpoint import export_hf_model, load_checkpoint, save_checkpoint
+from ember.engines.fsdp.checkpoint import checkpoint_problem, export_hf_model, load_checkpoint, save_checkpoint
 from ember.engines.fsdp.model_init import build_sharded_model
 from ember.engines.fsdp.offload import CPU, HostCopies, move_optimizer_state, move_parameters
 from ember.engines.log_probs import compute_response_log_probs
@@ -281,6 +281,9 @@ class FSDPEngine(TrainEngine):
 
     def load(self, path: str) -> None:
         load_checkpoint(path, self.model, self.optimizer, self.lr_scheduler)
+
+    def checkpoint_problem(self, path: str) -> str | None:
+        return checkpoint_problem(path, with_optimizer=self.optimizer is not None)
 
     def export_hf(self, out_dir: str, tokenizer=None) -> None:
         export_hf_model(out_dir, self.model, value_head=self.options.role == "critic",
