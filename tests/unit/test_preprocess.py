@@ -199,10 +199,12 @@ def _preprocess_error_case(case, tmp_path):
         return ["--input", str(tmp_path / "notes")], f"{tmp_path}/notes holds no GSM8K split files"
     if case == "split_with_a_folder":
         write_jsonl(tmp_path / "train.jsonl", [NATALIA])
-        return ["--input", str(tmp_path), "--split", "test"], f"--split applies to a single input file, but {tmp_path} is a folder"
+        return (["--input", str(tmp_path), "--split", "test"],
+                f"--split applies to a single input file, but {tmp_path} is a folder")
     assert case == "file_without_split"
     write_jsonl(tmp_path / "one.jsonl", [NATALIA])
-    return ["--input", str(tmp_path / "one.jsonl")], f"give --split train or --split test for the single input file {tmp_path}/one.jsonl"
+    return (["--input", str(tmp_path / "one.jsonl")],
+            f"give --split train or --split test for the single input file {tmp_path}/one.jsonl")
 
 
 PREPROCESS_ERRORS = ("broken_json_line", "answer_without_marker", "empty_file", "wrong_columns", "missing_input",
