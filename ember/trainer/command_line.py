@@ -3,8 +3,9 @@ and `torchrun -m ember.trainer.sft`: `--config-path/--config-name`, key=value ov
 `--print-config`, `--describe`, and exit status 2 for an error the user must fix (`exit_status`,
 the one place a `UserError` becomes a message).
 
-The one thing to know: this module imports only the config package, and the trainers reach it
-as functions passed in, so `ember --help` stays fast and no trainer module imports `ember/cli.py`.
+The one thing to know: this module imports only the config package and `ember/errors.py`, and the
+trainers reach it as functions passed in, so `ember --help` stays fast and no trainer module
+imports `ember/cli.py`.
 """
 
 from __future__ import annotations
