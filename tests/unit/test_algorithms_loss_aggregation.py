@@ -66,17 +66,33 @@ def test_value_loss_hand_computed():
     old_values = torch.tensor([[0.5, 2.0, 3.1, 0.0]])
     returns = torch.tensor([[2.0, 1.0, 3.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    loss, clipfrac = compute_value_loss(values, old_values, returns, mask, cliprange_value=0.2)
+    result = compute_value_loss(predicted_values=values, old_values=old_values, returns=returns,
+                                response_mask=mask, cliprange_value=0.2)
     # token 0: clipped value 0.7 → max((1-2)², (0.7-2)²) = 1.69 (clipped branch)
-    # token 1: no move → 1.0;  token 2: clipped value 3.0 equals the prediction → 0.0
-    assert loss.item() == pytest.approx(0.5 * (1.69 + 1.0 + 0.0) / 3)
-    assert clipfrac.item() == pytest.approx(1 / 3)
-    loss.backward()
+    # token 1: no move → 1.0;  token 2: inside the range, the clipped value is the prediction → 0.0
+    assert result.loss.item() == pytest.approx(0.5 * (1.69 + 1.0 + 0.0) / 3)
+    assert result.clipfrac.item() == pytest.approx(1 / 3)
+    result.loss.backward()
     # the clipped branch is constant in the prediction; elsewhere d/dV 0.5·(V-R)²/3 = (V-R)/3
     assert torch.allclose(values.grad, torch.tensor([[0.0, 1.0 / 3, 0.0, 0.0]]))
 
 
+def test_value_clipfrac_counts_no_token_inside_the_range():
+    """old + clamp(new - old) is not exactly `new` in float32 (-0.4 comes back as -0.40000004),
+    which made this unclipped token count as clipped; verl reports 0."""
+    result = compute_value_loss(predicted_values=torch.tensor([[-0.4]]), old_values=torch.tensor([[0.08]]),
+                                returns=torch.tensor([[1.0]]), response_mask=torch.ones(1, 1), cliprange_value=0.5)
+    assert result.clipfrac.item() == 0.0
+    assert result.loss.item() == pytest.approx(0.5 * 1.4 ** 2)
+
+
+def test_value_loss_arguments_are_keyword_only():
+    with pytest.raises(TypeError):
+        compute_value_loss(torch.ones(1, 1), torch.ones(1, 1), torch.ones(1, 1), torch.ones(1, 1), 0.5)
+
+
 def test_value_loss_forwards_aggregation_arguments():
     values, old_values, returns = torch.ones(2, 3), torch.ones(2, 3), torch.zeros(2, 3)
-    loss, _ = compute_value_loss(values, old_values, returns, MASK, 0.5, "seq-mean-token-sum", num_sequences=4)
-    assert loss.item() == pytest.approx(0.5 * (3 + 2) / 4)
+    result = compute_value_loss(predicted_values=values, old_values=old_values, returns=returns, response_mask=MASK,
+                                cliprange_value=0.5, loss_agg_mode="seq-mean-token-sum", num_sequences=4)
+    assert result.loss.item() == pytest.approx(0.5 * (3 + 2) / 4)
