@@ -11,6 +11,7 @@ MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
 
 @pytest.mark.parametrize("mode, norm_length, expected", [
     ("token-mean", None, 15 / 5),
+    ("token-sum", None, 15),
     ("seq-mean-token-sum", None, (6 + 9) / 2),
     ("seq-mean-token-mean", None, (6 / 3 + 9 / 2) / 2),
     ("seq-mean-token-sum-norm", None, (6 / 3 + 9 / 3) / 2),  # default norm_length: padded width 3
@@ -21,7 +22,7 @@ def test_modes_hand_computed(mode, norm_length, expected):
 
 
 def test_unknown_mode_lists_valid_ones():
-    with pytest.raises(ValueError, match="token-mean, seq-mean-token-sum, seq-mean-token-mean"):
+    with pytest.raises(ValueError, match="token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean"):
         aggregate_loss(LOSS, MASK, "sum")
 
 
@@ -52,6 +53,16 @@ def test_micro_batch_shares_add_up_to_the_mini_batch_loss(mode):
         shares.append(aggregate_loss(micro_loss[:, :trimmed], micro_mask[:, :trimmed], mode,
                                      num_tokens=num_tokens, num_sequences=num_sequences, norm_length=width))
     assert torch.allclose(sum(shares), whole, atol=1e-6)
+
+
+def test_token_sum_share_is_the_micro_batch_sum_whatever_the_global_counts():
+    """verl's token-sum: Σ over the mini-batch's valid tokens; each micro-batch adds its own sum
+    and the engine's × dp_size undoes the ranks' gradient averaging, so nothing is divided."""
+    for counts in ({}, {"num_tokens": 1000, "num_sequences": 7}):
+        assert aggregate_loss(LOSS, MASK, "token-sum", **counts).item() == 15
+    loss_matrix = LOSS.clone().requires_grad_()
+    aggregate_loss(loss_matrix, MASK, "token-sum").backward()
+    assert torch.equal(loss_matrix.grad, MASK)  # every valid token weighs 1, padding 0
 
 
 def test_local_normalisation_of_uneven_micro_batches_differs_from_the_whole():

@@ -154,3 +154,14 @@ def test_the_hf_rollout_refuses_an_actor_under_the_cpu_offload_policy():
     message = error_of(["actor_rollout_ref.rollout.name=hf", f"{ACTOR}.fsdp_config.offload_policy=True"])
     assert "rollout.name=hf" in message and "use actor_rollout_ref.rollout.name=ember" in message
     load_config(["actor_rollout_ref.rollout.name=ember", f"{ACTOR}.fsdp_config.offload_policy=True"])
+
+
+def test_every_loss_aggregation_mode_of_the_algorithms_is_accepted():
+    from typing import get_args
+
+    from ember.algorithms import LOSS_AGG_MODES
+    from ember.config.schema.actor import LossAggMode
+
+    assert get_args(LossAggMode) == LOSS_AGG_MODES
+    cfg = load_config([f"{ACTOR}.loss_agg_mode=token-sum"])
+    assert cfg.actor_rollout_ref.actor.loss_agg_mode == cfg.critic.loss_agg_mode == "token-sum"
