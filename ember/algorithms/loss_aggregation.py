@@ -47,6 +47,7 @@ def count_tokens_and_sequences(response_mask: torch.Tensor) -> tuple[torch.Tenso
 
 def aggregate_loss(
     loss_matrix: torch.Tensor,
+    *,
     mask: torch.Tensor,
     mode: str,
     num_tokens: Count | None = None,
@@ -54,6 +55,9 @@ def aggregate_loss(
     norm_length: Count | None = None,
 ) -> torch.Tensor:
     """Scalar loss (or this micro-batch's share of it when global counts are given).
+
+    Everything after `loss_matrix` is passed by name (the mask has its shape, the two counts
+    are both integers).
 
     `norm_length` (seq-mean-token-sum-norm only) defaults to the padded width of `mask`; pass
     the configured maximum response length when micro-batches are padded to different widths.
@@ -63,10 +67,10 @@ def aggregate_loss(
         raise ValueError(f"Unknown loss_agg_mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}.")
     local_tokens, local_sequences = count_tokens_and_sequences(mask)
     if mode == "token-mean":
-        return masked_sum(loss_matrix, mask) / _denominator(num_tokens, local_tokens, loss_matrix)
+        return masked_sum(loss_matrix, mask=mask) / _denominator(num_tokens, local_tokens, loss_matrix)
     if mode == "token-sum":
-        return masked_sum(loss_matrix, mask)
-    sequence_sums = masked_sum(loss_matrix, mask, dim=-1)
+        return masked_sum(loss_matrix, mask=mask)
+    sequence_sums = masked_sum(loss_matrix, mask=mask, dim=-1)
     if mode == "seq-mean-token-sum":
         sequence_losses = sequence_sums
     elif mode == "seq-mean-token-mean":

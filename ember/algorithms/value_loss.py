@@ -53,7 +53,8 @@ def compute_value_loss(
     unclipped_error = (predicted_values - returns) ** 2
     clipped_error = (clipped_values - returns) ** 2
     token_losses = torch.maximum(unclipped_error, clipped_error)
-    loss = 0.5 * aggregate_loss(token_losses, response_mask, loss_agg_mode, num_tokens, num_sequences, norm_length)
+    loss = 0.5 * aggregate_loss(token_losses, mask=response_mask, mode=loss_agg_mode, num_tokens=num_tokens,
+                                num_sequences=num_sequences, norm_length=norm_length)
     with torch.no_grad():
-        clipfrac = masked_mean((clipped_error > unclipped_error).to(predicted_values.dtype), response_mask)
+        clipfrac = masked_mean((clipped_error > unclipped_error).to(predicted_values.dtype), mask=response_mask)
     return ValueLossOutput(loss=loss, clipfrac=clipfrac)

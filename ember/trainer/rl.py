@@ -174,10 +174,11 @@ class RLTrainer:
     def compute_advantages(self, batch, reward_baselines: torch.Tensor | None = None) -> dict[str, float]:
         algorithm, metrics = self.cfg.algorithm, {}
         if algorithm.use_kl_in_reward:
+            log_probs = (batch.old_log_probs if batch.old_log_probs is not None
+                         else self.parts.actor.compute_log_probs(batch))
             batch.token_level_rewards, kl_metrics = apply_kl_penalty(
-                batch.token_level_scores, batch.old_log_probs if batch.old_log_probs is not None
-                else self.parts.actor.compute_log_probs(batch), batch.ref_log_probs, batch.response_mask,
-                self.kl_controller.value, algorithm.kl_penalty)
+                token_level_scores=batch.token_level_scores, log_probs=log_probs, ref_log_probs=batch.ref_log_probs,
+                response_mask=batch.response_mask, kl_coef=self.kl_controller.value, kind=algorithm.kl_penalty)
             self.kl_controller.update(float(kl_metrics["kl"]), n_steps=len(batch))
             metrics.update({f"actor/reward_{key}": float(value) for key, value in kl_metrics.items()})
         else:

@@ -18,19 +18,19 @@ MASK = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     ("seq-mean-token-sum-norm", 10, (6 / 10 + 9 / 10) / 2),
 ])
 def test_modes_hand_computed(mode, norm_length, expected):
-    assert aggregate_loss(LOSS, MASK, mode, norm_length=norm_length).item() == pytest.approx(expected)
+    assert aggregate_loss(LOSS, mask=MASK, mode=mode, norm_length=norm_length).item() == pytest.approx(expected)
 
 
 def test_unknown_mode_lists_valid_ones():
     with pytest.raises(ValueError, match="token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean"):
-        aggregate_loss(LOSS, MASK, "sum")
+        aggregate_loss(LOSS, mask=MASK, mode="sum")
 
 
 def test_counts_skip_padding_and_empty_sequences():
     mask = torch.tensor([[1, 1, 0], [0, 0, 0], [1, 0, 1]])
     tokens, sequences = count_tokens_and_sequences(mask)
     assert (tokens.item(), sequences.item()) == (4, 2)
-    assert aggregate_loss(torch.ones(1, 3), torch.zeros(1, 3), "token-mean").item() == 0  # not nan
+    assert aggregate_loss(torch.ones(1, 3), mask=torch.zeros(1, 3), mode="token-mean").item() == 0  # not nan
 
 
 def random_mini_batch(seed, batch_size=7, width=6):
@@ -44,13 +44,13 @@ def random_mini_batch(seed, batch_size=7, width=6):
 def test_micro_batch_shares_add_up_to_the_mini_batch_loss(mode):
     loss_matrix, mask = random_mini_batch(seed=3)
     width = mask.shape[1]
-    whole = aggregate_loss(loss_matrix, mask, mode, norm_length=width)
+    whole = aggregate_loss(loss_matrix, mask=mask, mode=mode, norm_length=width)
     num_tokens, num_sequences = count_tokens_and_sequences(mask)
     shares = []
     for rows in (slice(0, 1), slice(1, 4), slice(4, 7)):  # uneven micro-batches
         micro_loss, micro_mask = loss_matrix[rows], mask[rows]
         trimmed = int(micro_mask.sum(dim=-1).max())  # each micro-batch padded to its own length
-        shares.append(aggregate_loss(micro_loss[:, :trimmed], micro_mask[:, :trimmed], mode,
+        shares.append(aggregate_loss(micro_loss[:, :trimmed], mask=micro_mask[:, :trimmed], mode=mode,
                                      num_tokens=num_tokens, num_sequences=num_sequences, norm_length=width))
     assert torch.allclose(sum(shares), whole, atol=1e-6)
 
@@ -59,16 +59,17 @@ def test_token_sum_share_is_the_micro_batch_sum_whatever_the_global_counts():
     """verl's token-sum: Σ over the mini-batch's valid tokens; each micro-batch adds its own sum
     and the engine's × dp_size undoes the ranks' gradient averaging, so nothing is divided."""
     for counts in ({}, {"num_tokens": 1000, "num_sequences": 7}):
-        assert aggregate_loss(LOSS, MASK, "token-sum", **counts).item() == 15
+        assert aggregate_loss(LOSS, mask=MASK, mode="token-sum", **counts).item() == 15
     loss_matrix = LOSS.clone().requires_grad_()
-    aggregate_loss(loss_matrix, MASK, "token-sum").backward()
+    aggregate_loss(loss_matrix, mask=MASK, mode="token-sum").backward()
     assert torch.equal(loss_matrix.grad, MASK)  # every valid token weighs 1, padding 0
 
 
 def test_local_normalisation_of_uneven_micro_batches_differs_from_the_whole():
     loss_matrix, mask = random_mini_batch(seed=3)
-    whole = aggregate_loss(loss_matrix, mask, "token-mean")
-    halves = [aggregate_loss(loss_matrix[rows], mask[rows], "token-mean") for rows in (slice(0, 1), slice(1, 7))]
+    whole = aggregate_loss(loss_matrix, mask=mask, mode="token-mean")
+    halves = [aggregate_loss(loss_matrix[rows], mask=mask[rows], mode="token-mean") for rows in (slice(0, 1), slice(1,
+                                                                                                                    7))]
     assert not torch.allclose(sum(halves) / 2, whole)  # why the global counts are needed
 
 
