@@ -1,5 +1,6 @@
 """Metric sinks for a run: console (one line per step with elapsed time and ETA),
-TensorBoard, and a jsonl file that is always written.
+TensorBoard, and a jsonl file that is always written; the experiment trackers wandb and
+MLflow live in experiment_trackers.py.
 
 `MetricLogger.log(step, metrics)` fans one dict of floats out to every sink. The jsonl file
 is the run's record: plots and tests read it back, and a resumed run appends to it.
@@ -13,6 +14,8 @@ import os
 import sys
 import time
 from typing import Iterable
+
+from ember.trainer.experiment_trackers import TRACKER_SINKS, TrackedRun
 
 CONSOLE_KEYS = (
     "critic/score/mean",
@@ -96,13 +99,16 @@ class TensorBoardSink:
         self.writer.close()
 
 
-SUPPORTED_LOGGERS = ("console", "tensorboard", "jsonl")
+SUPPORTED_LOGGERS = ("console", "tensorboard", "jsonl", *TRACKER_SINKS)
 
 
 class MetricLogger:
     """Writes each step's metrics to the sinks named in `trainer.logger` plus jsonl."""
 
-    def __init__(self, run_dir: str, loggers: Iterable[str], total_steps: int, enabled: bool = True):
+    def __init__(self, run_dir: str, loggers: Iterable[str], total_steps: int, enabled: bool = True,
+                 tracked_run: TrackedRun | None = None):
+        """`tracked_run` names the run for the experiment trackers (wandb, mlflow) and is
+        required when `loggers` names one."""
         self.sinks = []
         if not enabled:  # non-zero ranks log nothing
             return
@@ -115,6 +121,11 @@ class MetricLogger:
         if "tensorboard" in names:
             self.sinks.append(TensorBoardSink(os.path.join(run_dir, "tensorboard")))
         self.sinks.append(JsonlSink(os.path.join(run_dir, "metrics.jsonl")))
+        for name, sink in TRACKER_SINKS.items():
+            if name in names:
+                if tracked_run is None:
+                    raise ValueError(f"trainer.logger names {name}: pass tracked_run (the run's names, config)")
+                self.sinks.append(sink(tracked_run))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {key: float(value) for key, value in metrics.items()}

@@ -29,6 +29,7 @@ from ember.trainer.balance import balance_batch
 from ember.trainer.checkpoint import CheckpointManager
 from ember.trainer.experience import generate_experience, score_experience, token_level_scores
 from ember.trainer.faults import NonFiniteGuard, StopRequest
+from ember.trainer.experiment_trackers import TrackedRun
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.metrics import compute_data_metrics, compute_timing_metrics, timed
 from ember.trainer.rl_setup import RLComponents, build_components, use_configured_device
@@ -51,7 +52,8 @@ class RLTrainer:
         self.kl_controller = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive"
                               else FixedKLController(kl.kl_coef))
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_actor_ckpt_to_keep, is_writer=rank() == 0)
-        self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, parts.total_steps, enabled=rank() == 0)
+        self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, parts.total_steps, enabled=rank() == 0,
+                                   tracked_run=TrackedRun.of(cfg))
         self.guard = NonFiniteGuard(max_in_a_row=3)
         self.validation_history: list[tuple[int, dict[str, float]]] = []
         self.actor_version = 0  # actor updates made by this process; the rollout holds version `synced_version`

@@ -22,7 +22,7 @@ def error_of(overrides):
     (f"{ACTOR}.optim.lr=fast", f"invalid value for {ACTOR}.optim.lr: 'fast' (expected a number)"),
     (f"{ROLLOUT}.name=vlm", f"invalid value for {ROLLOUT}.name: 'vlm' (expected one of: ember, hf, vllm, sglang)"),
     ("data.truncation=cut", "(expected one of: error, left, right, middle)"),
-    ("trainer.logger=['console','wandb']", "(expected a list of items that are each one of: console, tensorboard, jsonl; item 1 is 'wandb')"),
+    ("trainer.logger=['console','comet']", "(expected a list of items that are each one of: console, tensorboard, jsonl, wandb, mlflow; item 1 is 'comet')"),
     ("data.train_files={a: 1}", "invalid value for data.train_files: {'a': 1} (expected a string or a list of items that are each a string or null)"),
     ("data.reward_fn=[1]", "invalid value for data.reward_fn: [1] (expected a mapping)"),
     ("critic=null", "critic is a section; set its keys (critic.KEY=value), not None"),
