@@ -37,6 +37,7 @@ from ember.engines.optim import OptimOptions
 from ember.trainer.checkpoint import CheckpointManager
 from ember.trainer.command_line import (OVERRIDE_HELP, RunPlan, add_config_arguments, config_overrides, exit_status,
                                         run_configured)
+from ember.trainer.experiment_trackers import TrackedRun
 from ember.trainer.faults import BadStepGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.plot import plot_curves
@@ -69,7 +70,8 @@ class SFTTrainer:
         self.rank, self.dp_size = rank(), world_size()
         self.step = 0
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_ckpt_to_keep, is_writer=self.rank == 0)
-        self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, self.total_steps, enabled=self.rank == 0)
+        self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, self.total_steps, enabled=self.rank == 0,
+                                   tracked_run=TrackedRun.of(cfg))
         self.guard = BadStepGuard(cfg.trainer.max_loss_or_grad_norm)
 
     # --- the loop --------------------------------------------------------------------------------
