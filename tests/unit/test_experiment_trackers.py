@@ -46,6 +46,7 @@ def test_config_keys_are_flattened_as_users_write_them():
 
 def log_steps(tmp_path, logger_name):
     logger = MetricLogger(str(tmp_path / "run"), [logger_name], total_steps=2, tracked_run=RUN)
+    logger.start(None)
     for step, metrics in STEPS.items():
         logger.log(step, metrics)
     logger.log(2, {"val-core/mean/acc": 1.0})  # validation is logged separately at the same step
