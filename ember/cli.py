@@ -1,9 +1,10 @@
 """The `ember` command: train (RL), sft, preprocess, export.
 
 Each subcommand imports its implementation only when it runs, so `ember --help` and
-`--print-config` stay fast and work before every part of ember is installed. A ConfigError
-(unknown key, bad value, unimplemented feature) or a DatasetError (a data file or row not in
-the expected form) prints `error: <message>` and exits with 2. The grammar of the configured
+`--print-config` stay fast and work before every part of ember is installed. In every
+subcommand a `UserError` (`ember/errors.py`: an unknown key, a bad value, a data file or row
+not in the expected form, a missing path) prints `error: <message>` and exits with 2, with no
+traceback (`command_line.exit_status`). The grammar of the configured
 commands (overrides, --print-config, --describe) lives in `trainer/command_line.py`, which
 `torchrun -m ember.trainer.sft` shares.
 """
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     """Run the `ember` command with `argv` (default: sys.argv[1:]); returns the exit status."""
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["preprocess"]:  # the recipes own their arguments; pass them through untouched
-        return _run_preprocess(argv[1:])
+        return exit_status(lambda: _run_preprocess(argv[1:]))
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and args.command not in ("train", "sft"):

@@ -15,3 +15,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def offline_wandb(tmp_path, monkeypatch):
+    """wandb in offline mode (no account, nothing sent) writing under `tmp_path`; skips the test
+    where wandb is not installed. wandb reads its environment once per process, so its state is
+    torn down afterwards for the next test's folder to be used."""
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()
+    yield tmp_path
+    wandb.teardown()

@@ -50,3 +50,34 @@ def rl_row(question: str, ground_truth: str, data_source: str = "test/arithmetic
         "extra_info": {"split": "train", "index": 0},
     }
     return {**row, **columns}
+
+
+PARQUET_CORRUPTIONS = ("empty", "truncated", "not_parquet", "corrupt_page")
+
+
+def corrupt_parquet(path: Path, corruption: str) -> Path:
+    """Damage the parquet file at `path` in place, as one of PARQUET_CORRUPTIONS: a 0-byte file, its
+    first half, CSV text under the parquet name, or 32 bytes flipped in the middle of its largest
+    column chunk (a page pyarrow then cannot decode; write enough varied rows that the chunk is
+    compressed). Returns `path`."""
+    data = bytearray(path.read_bytes())
+    if corruption == "empty":
+        data = bytearray()
+    elif corruption == "truncated":
+        data = data[: len(data) // 2]
+    elif corruption == "not_parquet":
+        data = bytearray(b"question,answer\nwhat is 1+1?,2\n")
+    elif corruption == "corrupt_page":
+        import pyarrow.parquet as pq
+
+        row_group = pq.read_metadata(path).row_group(0)
+        chunk = max((row_group.column(i) for i in range(row_group.num_columns)),
+                    key=lambda column: column.total_compressed_size)
+        start = chunk.dictionary_page_offset or chunk.data_page_offset
+        middle = start + chunk.total_compressed_size // 2
+        for offset in range(middle, middle + 32):
+            data[offset] ^= 0xFF
+    else:
+        raise ValueError(f"unknown corruption {corruption!r}; one of {PARQUET_CORRUPTIONS}")
+    path.write_bytes(bytes(data))
+    return path

@@ -40,7 +40,7 @@ from ember.algorithms.registry import (
     register_policy_loss,
 )
 from ember.algorithms.token_rewards import scores_to_token_rewards
-from ember.algorithms.value_loss import compute_value_loss
+from ember.algorithms.value_loss import ValueLossOutput, compute_value_loss
 
 __all__ = [
     "LOSS_AGG_MODES",
@@ -50,6 +50,7 @@ __all__ = [
     "FixedKLController",
     "PolicyLossInputs",
     "PolicyLossOutput",
+    "ValueLossOutput",
     "advantage_names",
     "aggregate_loss",
     "apply_kl_penalty",

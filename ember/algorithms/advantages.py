@@ -1,7 +1,8 @@
 """Advantage estimators that walk the response token by token: GAE, REINFORCE++ and ReMax.
 
-All estimators share one input record, `AdvantageInputs`, and one output: `(advantages,
-returns)`, both [batch, response_length] and 0 on padding. Each is registered by the name a
+All estimators share one input record, `AdvantageInputs` (built by field name: rewards, mask
+and values have the same shape), and one output: `(advantages, returns)`, both
+[batch, response_length] and 0 on padding. Each is registered by the name a
 verl user writes in `algorithm.adv_estimator`; `get_advantage_fn(name)(inputs)` runs one.
 The group-baseline estimators (grpo, rloo, reinforce_plus_plus_baseline) live in
 `group_advantages.py`.
@@ -23,7 +24,7 @@ from ember.algorithms.masked import masked_whiten, zero_padding
 from ember.algorithms.registry import register_advantage
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class AdvantageInputs:
     """Everything any registered estimator may read; each uses the fields it needs."""
 
@@ -38,7 +39,7 @@ class AdvantageInputs:
     epsilon: float = 1e-6  # added to the group std before dividing
 
 
-def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+def discounted_returns(*, rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
     """Return-to-go G_t = r_t + gamma * G_next over valid tokens; masked steps are skipped."""
     valid = mask.bool()
     running = torch.zeros_like(rewards[:, 0])
@@ -46,7 +47,7 @@ def discounted_returns(rewards: torch.Tensor, mask: torch.Tensor, gamma: float) 
     for t in reversed(range(rewards.shape[1])):
         running = torch.where(valid[:, t], rewards[:, t] + gamma * running, running)
         returns[:, t] = running
-    return zero_padding(returns, mask)
+    return zero_padding(returns, mask=mask)
 
 
 @register_advantage("gae")
@@ -70,17 +71,17 @@ def compute_gae_advantages(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch
         running_advantage = torch.where(valid[:, t], candidate, running_advantage)
         next_value = torch.where(valid[:, t], values[:, t], next_value)
         advantages[:, t] = running_advantage
-    advantages = zero_padding(advantages, inputs.response_mask)
-    returns = zero_padding(advantages + values, inputs.response_mask)
-    return masked_whiten(advantages, inputs.response_mask), returns
+    advantages = zero_padding(advantages, mask=inputs.response_mask)
+    returns = zero_padding(advantages + values, mask=inputs.response_mask)
+    return masked_whiten(advantages, mask=inputs.response_mask), returns
 
 
 @register_advantage("reinforce_plus_plus")
 @torch.no_grad()
 def compute_reinforce_plus_plus_advantages(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025): discounted return-to-go, whitened over the batch's valid tokens."""
-    returns = discounted_returns(inputs.token_level_rewards, inputs.response_mask, inputs.gamma)
-    return masked_whiten(returns, inputs.response_mask), returns
+    returns = discounted_returns(rewards=inputs.token_level_rewards, mask=inputs.response_mask, gamma=inputs.gamma)
+    return masked_whiten(returns, mask=inputs.response_mask), returns
 
 
 @register_advantage("remax")
@@ -95,6 +96,7 @@ def compute_remax_advantages(inputs: AdvantageInputs) -> tuple[torch.Tensor, tor
             "The remax estimator needs reward_baselines (the reward of a greedy response per prompt); "
             "generate them in the trainer or pick another estimator."
         )
-    returns = discounted_returns(inputs.token_level_rewards, inputs.response_mask, gamma=1.0)
-    advantages = zero_padding(returns - inputs.reward_baselines.to(returns.dtype).unsqueeze(-1), inputs.response_mask)
+    returns = discounted_returns(rewards=inputs.token_level_rewards, mask=inputs.response_mask, gamma=1.0)
+    advantages = zero_padding(returns - inputs.reward_baselines.to(returns.dtype).unsqueeze(-1),
+                              mask=inputs.response_mask)
     return advantages, returns

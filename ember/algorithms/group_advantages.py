@@ -33,7 +33,7 @@ def group_index(group_ids: Sequence | torch.Tensor, batch_size: int, device: tor
     return torch.tensor(index, dtype=torch.long, device=device)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class GroupStatistics:
     """Per-sample statistics of the sample's group, each [B]."""
 
@@ -59,14 +59,14 @@ def sequence_scores_and_groups(inputs: AdvantageInputs, estimator: str) -> tuple
     """Per-sequence score (sum of valid token rewards) and its group's statistics."""
     if inputs.group_ids is None:
         raise ValueError(f"The {estimator} estimator needs group_ids (the prompt uid of every sample).")
-    scores = masked_sum(inputs.token_level_rewards, inputs.response_mask, dim=-1)
+    scores = masked_sum(inputs.token_level_rewards, mask=inputs.response_mask, dim=-1)
     index = group_index(inputs.group_ids, scores.shape[0], scores.device)
     return scores, group_statistics(scores, index)
 
 
 def broadcast_over_tokens(per_sequence: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """[B] → [B, R]: the sequence's value on each of its valid tokens, 0 on padding."""
-    return zero_padding(per_sequence.unsqueeze(-1).expand(mask.shape), mask)
+    return zero_padding(per_sequence.unsqueeze(-1).expand(mask.shape), mask=mask)
 
 
 @register_advantage("grpo")
@@ -103,5 +103,6 @@ def compute_rloo_advantages(inputs: AdvantageInputs) -> tuple[torch.Tensor, torc
 def compute_reinforce_plus_plus_baseline_advantages(inputs: AdvantageInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++-baseline (Hu 2025): score minus group mean, whitened over the batch's valid tokens."""
     scores, group = sequence_scores_and_groups(inputs, "reinforce_plus_plus_baseline")
-    advantages = masked_whiten(broadcast_over_tokens(scores - group.mean, inputs.response_mask), inputs.response_mask)
+    advantages = masked_whiten(broadcast_over_tokens(scores - group.mean, inputs.response_mask),
+                               mask=inputs.response_mask)
     return advantages, advantages

@@ -13,6 +13,9 @@ Names as in verl's `kl_penalty` / `kl_loss_type` (Schulman, "Approximating KL di
 Appending `+` (e.g. `k3+`, `low_var_kl+`) gives a straight-through variant: the value of the
 named estimator with the gradient of k2, since k1 and k3 estimate the KL's value but their
 gradients are not the KL's gradient.
+
+Every estimator takes `log_probs` (the policy being trained) and `ref_log_probs` by name: the
+KL is not symmetric, and swapped tensors of the same shape would give a wrong value silently.
 """
 
 from __future__ import annotations
@@ -25,19 +28,19 @@ LOG_RATIO_LIMIT = 20.0  # |log π_ref - log π| is clamped to this before exp in
 LOW_VAR_KL_MAX = 10.0  # k3 values above this are clamped, as verl
 
 
-def k1_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+def k1_estimate(*, log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     return log_probs - ref_log_probs
 
 
-def absolute_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+def absolute_estimate(*, log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     return (log_probs - ref_log_probs).abs()
 
 
-def k2_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+def k2_estimate(*, log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     return 0.5 * (log_probs - ref_log_probs).square()
 
 
-def k3_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+def k3_estimate(*, log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     """exp(x) - x - 1 with x = log π_ref - log π, via expm1 so that it stays >= 0 near x = 0.
 
     The lower clamp at 0 only removes rounding error (the exact value is never negative).
@@ -46,17 +49,17 @@ def k3_estimate(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.T
     return torch.clamp(torch.expm1(log_ratio) - log_ratio, min=0.0, max=LOW_VAR_KL_MAX)
 
 
-def full_kl(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor:
+def full_kl(*, log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
     """Σ_v p_v (log p_v - log q_v) over the last dimension, in float32: [B, R, V] → [B, R].
 
-    Accepts logits or log-probs (log_softmax of log-probs is the identity).
+    Takes log-probs or logits of the whole vocabulary (log_softmax of log-probs is the identity).
     """
-    log_p = torch.log_softmax(logits.float(), dim=-1)
-    log_q = torch.log_softmax(ref_logits.float(), dim=-1)
+    log_p = torch.log_softmax(log_probs.float(), dim=-1)
+    log_q = torch.log_softmax(ref_log_probs.float(), dim=-1)
     return (log_p.exp() * (log_p - log_q)).sum(dim=-1)
 
 
-KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+KL_ESTIMATORS: dict[str, Callable[..., torch.Tensor]] = {  # called as fn(log_probs=..., ref_log_probs=...)
     "kl": k1_estimate,
     "k1": k1_estimate,
     "abs": absolute_estimate,
@@ -75,14 +78,14 @@ def kl_estimator_names() -> list[str]:
     return sorted(KL_ESTIMATORS) + sorted(name + STRAIGHT_THROUGH_SUFFIX for name in base)
 
 
-def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
+def kl_penalty(*, log_probs: torch.Tensor, ref_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-token KL estimate of the named `kind` (see the module docstring); same shape as the inputs
     ([B, R]), or [B, R] from [B, R, V] for `full`. Padding is not masked here: aggregate with the mask.
     """
     if kind not in kl_estimator_names():
         raise ValueError(f"Unknown KL estimator {kind!r}; valid names: {', '.join(kl_estimator_names())}.")
     if not kind.endswith(STRAIGHT_THROUGH_SUFFIX):
-        return KL_ESTIMATORS[kind](log_probs, ref_log_probs)
-    value = KL_ESTIMATORS[kind.removesuffix(STRAIGHT_THROUGH_SUFFIX)](log_probs, ref_log_probs)
-    gradient_carrier = k2_estimate(log_probs, ref_log_probs)
+        return KL_ESTIMATORS[kind](log_probs=log_probs, ref_log_probs=ref_log_probs)
+    value = KL_ESTIMATORS[kind.removesuffix(STRAIGHT_THROUGH_SUFFIX)](log_probs=log_probs, ref_log_probs=ref_log_probs)
+    gradient_carrier = k2_estimate(log_probs=log_probs, ref_log_probs=ref_log_probs)
     return gradient_carrier - gradient_carrier.detach() + value.detach()

@@ -49,6 +49,7 @@ class AdaptiveKLController:
 
 @torch.no_grad()
 def apply_kl_penalty(
+    *,
     token_level_scores: torch.Tensor,
     log_probs: torch.Tensor,
     ref_log_probs: torch.Tensor,
@@ -56,13 +57,13 @@ def apply_kl_penalty(
     kl_coef: float,
     kind: str = "kl",
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """(token_level_rewards, metrics): scores - kl_coef · KL estimate on valid tokens.
+    """(token_level_rewards, metrics): scores - kl_coef · KL estimate on valid tokens; arguments by name.
 
     metrics["kl"] is the mean over sequences of each sequence's mean token KL (what the
     adaptive controller is updated with, with n_steps = batch size); metrics["kl_coef"] is
     the coefficient used.
     """
-    token_kl = zero_padding(kl_penalty(log_probs, ref_log_probs, kind), response_mask)
+    token_kl = zero_padding(kl_penalty(log_probs=log_probs, ref_log_probs=ref_log_probs, kind=kind), mask=response_mask)
     rewards = token_level_scores - kl_coef * token_kl
-    mean_kl = masked_mean(token_kl, response_mask, dim=-1).mean()
+    mean_kl = masked_mean(token_kl, mask=response_mask, dim=-1).mean()
     return rewards, {"kl": float(mean_kl), "kl_coef": float(kl_coef)}

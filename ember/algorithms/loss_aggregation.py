@@ -1,8 +1,10 @@
 """Reduce a [batch, response_length] loss matrix to the scalar that is back-propagated.
 
-Four modes, named as in verl's `loss_agg_mode`:
+Five modes, named as in verl's `loss_agg_mode`:
 
 - `token-mean`: every valid token weighs the same (long responses weigh more in total).
+- `token-sum`: the sum over every valid token of the mini-batch, not normalised at all, so
+  the loss (and the gradient) grows with the number of tokens (verl 0.9's `token-sum`).
 - `seq-mean-token-sum`: sum over each sequence's tokens, mean over sequences.
 - `seq-mean-token-mean`: mean over each sequence's tokens, mean over sequences.
 - `seq-mean-token-sum-norm`: sum over each sequence's tokens divided by a constant
@@ -18,7 +20,8 @@ micro-batch's *share*: its sum divided by the global count. The shares of all mi
 and ranks add up to the loss of the whole mini-batch, so summing their gradients is exact
 even when micro-batches hold different numbers of tokens. If the data-parallel gradient
 reduction averages over ranks (FSDP does), multiply the share by the world size to keep the
-sum. Without global counts the micro-batch is normalised on its own.
+sum. Without global counts the micro-batch is normalised on its own. `token-sum` needs no
+counts: a micro-batch's share is its own sum, with or without them.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 
 from ember.algorithms.masked import masked_sum
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 Count = int | float | torch.Tensor
 
@@ -44,6 +47,7 @@ def count_tokens_and_sequences(response_mask: torch.Tensor) -> tuple[torch.Tenso
 
 def aggregate_loss(
     loss_matrix: torch.Tensor,
+    *,
     mask: torch.Tensor,
     mode: str,
     num_tokens: Count | None = None,
@@ -51,6 +55,9 @@ def aggregate_loss(
     norm_length: Count | None = None,
 ) -> torch.Tensor:
     """Scalar loss (or this micro-batch's share of it when global counts are given).
+
+    Everything after `loss_matrix` is passed by name (the mask has its shape, the two counts
+    are both integers).
 
     `norm_length` (seq-mean-token-sum-norm only) defaults to the padded width of `mask`; pass
     the configured maximum response length when micro-batches are padded to different widths.
@@ -60,8 +67,10 @@ def aggregate_loss(
         raise ValueError(f"Unknown loss_agg_mode {mode!r}; valid modes: {', '.join(LOSS_AGG_MODES)}.")
     local_tokens, local_sequences = count_tokens_and_sequences(mask)
     if mode == "token-mean":
-        return masked_sum(loss_matrix, mask) / _denominator(num_tokens, local_tokens, loss_matrix)
-    sequence_sums = masked_sum(loss_matrix, mask, dim=-1)
+        return masked_sum(loss_matrix, mask=mask) / _denominator(num_tokens, local_tokens, loss_matrix)
+    if mode == "token-sum":
+        return masked_sum(loss_matrix, mask=mask)
+    sequence_sums = masked_sum(loss_matrix, mask=mask, dim=-1)
     if mode == "seq-mean-token-sum":
         sequence_losses = sequence_sums
     elif mode == "seq-mean-token-mean":

@@ -4,7 +4,9 @@ Each loss takes the same records, `PolicyLossInputs` (old and new log-probs of t
 tokens, their advantages, the mask) and `ClipConfig`, plus the aggregation arguments of
 `aggregate_loss` (mode and, for gradient accumulation, the mini-batch's global counts), and
 returns a `PolicyLossOutput`: the scalar loss to back-propagate and detached metrics computed
-on this micro-batch. `get_policy_loss_fn(name)` looks a loss up by name.
+on this micro-batch. `get_policy_loss_fn(name)` looks a loss up by name. The records are built
+by field name and the aggregation arguments are passed by name: old and new log-probs, or the
+two counts, could otherwise be swapped without an error.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ember.algorithms.registry import register_policy_loss
 LOG_RATIO_LIMIT = 20.0  # |log π - log π_old| is clamped to this before exp, as verl, so the ratio stays finite
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ClipConfig:
     """Clip ranges of the importance ratio (verl's `actor.clip_ratio*` fields)."""
 
@@ -44,7 +46,7 @@ class ClipConfig:
         return self.clip_ratio if self.clip_ratio_high is None else self.clip_ratio_high
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PolicyLossInputs:
     """Per-token tensors of a micro-batch, each [B, R]."""
 
@@ -54,7 +56,7 @@ class PolicyLossInputs:
     response_mask: torch.Tensor  # 1 for tokens that count, 0 for padding
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PolicyLossOutput:
     """The loss and its metrics; metrics are detached 0-dim tensors (call float() to log)."""
 
@@ -64,7 +66,8 @@ class PolicyLossOutput:
     clipfrac_lower: torch.Tensor  # fraction of valid tokens capped by the dual clip (negative advantages)
 
 
-def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip: ClipConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def clipped_surrogate(*, ratio: torch.Tensor, advantages: torch.Tensor,
+                      clip: ClipConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """PPO's pessimistic token loss max(-A·r, -A·clip(r)) and where the clipped branch wins."""
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip.low, 1 + clip.high)
@@ -75,6 +78,7 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip: ClipC
 def compute_vanilla_policy_loss(
     inputs: PolicyLossInputs,
     clip: ClipConfig,
+    *,
     loss_agg_mode: str = "token-mean",
     num_tokens: Count | None = None,
     num_sequences: Count | None = None,
@@ -89,17 +93,18 @@ def compute_vanilla_policy_loss(
     mask = inputs.response_mask
     log_ratio = torch.clamp(inputs.log_probs - inputs.old_log_probs, -LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
     ratio = torch.exp(log_ratio)
-    surrogate, clipped = clipped_surrogate(ratio, inputs.advantages, clip)
+    surrogate, clipped = clipped_surrogate(ratio=ratio, advantages=inputs.advantages, clip=clip)
     dual_clip_cap = -inputs.advantages * clip.clip_ratio_c
     negative = inputs.advantages < 0
     token_losses = torch.where(negative, torch.minimum(surrogate, dual_clip_cap), surrogate)
-    loss = aggregate_loss(token_losses, mask, loss_agg_mode, num_tokens, num_sequences, norm_length)
+    loss = aggregate_loss(token_losses, mask=mask, mode=loss_agg_mode, num_tokens=num_tokens,
+                          num_sequences=num_sequences, norm_length=norm_length)
     with torch.no_grad():
         return PolicyLossOutput(
             loss=loss,
-            clipfrac=masked_mean(clipped.to(ratio.dtype), mask),
-            ppo_kl=masked_mean(-log_ratio, mask),
-            clipfrac_lower=masked_mean(((surrogate > dual_clip_cap) & negative).to(ratio.dtype), mask),
+            clipfrac=masked_mean(clipped.to(ratio.dtype), mask=mask),
+            ppo_kl=masked_mean(-log_ratio, mask=mask),
+            clipfrac_lower=masked_mean(((surrogate > dual_clip_cap) & negative).to(ratio.dtype), mask=mask),
         )
 
 
@@ -110,6 +115,7 @@ GSPO_LOG_RATIO_MAX = 10.0  # upper clamp of the sequence log-ratio before exp, a
 def compute_gspo_policy_loss(
     inputs: PolicyLossInputs,
     clip: ClipConfig,
+    *,
     loss_agg_mode: str = "seq-mean-token-mean",
     num_tokens: Count | None = None,
     num_sequences: Count | None = None,
@@ -127,15 +133,16 @@ def compute_gspo_policy_loss(
     mask = inputs.response_mask
     log_ratio = inputs.log_probs - inputs.old_log_probs
     lengths = mask.bool().sum(dim=-1).clamp(min=1).to(log_ratio.dtype)
-    sequence_log_ratio = masked_sum(log_ratio, mask, dim=-1) / lengths
+    sequence_log_ratio = masked_sum(log_ratio, mask=mask, dim=-1) / lengths
     token_log_ratio = inputs.log_probs - inputs.log_probs.detach() + sequence_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX))
-    token_losses, clipped = clipped_surrogate(ratio, inputs.advantages, clip)
-    loss = aggregate_loss(token_losses, mask, loss_agg_mode, num_tokens, num_sequences, norm_length)
+    token_losses, clipped = clipped_surrogate(ratio=ratio, advantages=inputs.advantages, clip=clip)
+    loss = aggregate_loss(token_losses, mask=mask, mode=loss_agg_mode, num_tokens=num_tokens,
+                          num_sequences=num_sequences, norm_length=norm_length)
     with torch.no_grad():
         return PolicyLossOutput(
             loss=loss,
-            clipfrac=masked_mean(clipped.to(ratio.dtype), mask),
-            ppo_kl=masked_mean(-log_ratio, mask),
+            clipfrac=masked_mean(clipped.to(ratio.dtype), mask=mask),
+            ppo_kl=masked_mean(-log_ratio, mask=mask),
             clipfrac_lower=torch.zeros((), dtype=ratio.dtype, device=ratio.device),
         )

@@ -1,10 +1,13 @@
 """Errors of configuration loading; their messages are written for the user and say what to change.
 
-The `ember` command prints `error: <message>` for any `ConfigError` and exits with status 2.
+Both are `UserError`s (`ember/errors.py`): the `ember` command prints `error: <message>` for
+them and exits with status 2.
 """
 
+from ember.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """The configuration cannot be used as given: unknown key, bad value, inconsistent sizes."""
 
 

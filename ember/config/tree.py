@@ -75,9 +75,18 @@ class ConfigTree:
             container[parts[-1]] = copy.deepcopy(value)
 
     def remove(self, parts: tuple[str, ...]) -> None:
-        """Delete a key of a free-form mapping, or reset a schema key to its default."""
+        """Delete a key of a free-form mapping, or reset a schema key (or an optional section) to its default.
+
+        A section every run has cannot be removed: Hydra's `~section` deletes it, which no run
+        survives, and resetting all of its keys would silently drop values set before and
+        surface later as errors about values the user never wrote."""
         parts = rewrite_alias(self.aliases, parts)
         location = self.locate(parts)
+        if (location.free_form_depth is None and section_class(location.annotation) is not None
+                and type(None) not in union_members(location.annotation)):
+            dotted = ".".join(parts)
+            raise ConfigError(f"cannot remove {dotted}: every run needs this section; reset the keys you changed "
+                              f"one by one (~{dotted}.KEY), or set them (see `--describe {dotted}`)")
         inside_free_form = location.free_form_depth is not None and location.free_form_depth < len(parts) - 1
         container = self._container(parts, create_missing=False)
         if inside_free_form:

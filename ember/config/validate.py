@@ -2,13 +2,14 @@
 
 Ranges (sizes >= 1, probabilities in [0, 1]), batch arithmetic (a step's batch splits into
 whole mini-batches, a mini-batch's responses split evenly over data-parallel ranks and then
-into whole micro-batches), parallel sizes that divide the GPUs, and settings that need
-another one. All problems are reported together, each naming the keys, their values and
+into whole micro-batches), parallel sizes that divide the GPUs, settings that need
+another one, and loggers whose optional package is not installed. All problems are reported together, each naming the keys, their values and
 what would be valid.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,7 @@ from ember.config.parallel import data_parallel_size, nearest_divisors, world_si
 from ember.config.placement import placement_errors, role_gpus
 from ember.config.schema import EmberConfig, SFTConfig
 from ember.config.schema.megatron import MegatronConfig
+from ember.config.schema.trainer import LOGGERS_FROM_EXTRAS
 
 _ACTOR = "actor_rollout_ref.actor"
 _REF = "actor_rollout_ref.ref"
@@ -72,6 +74,13 @@ def _run_bounds() -> list[Bound]:
     return [*_at_least_one("trainer.nnodes", "trainer.n_gpus_per_node", "trainer.total_epochs", "trainer.total_training_steps"),
             Bound("trainer.save_freq", low=-1), Bound("trainer.test_freq", low=-1),
             Bound("trainer.max_loss_or_grad_norm", low=0, low_open=True)]
+
+
+def _logger_package_errors(loggers: list[str]) -> list[str]:
+    """A logger whose package is missing stops the run here, before any model is loaded."""
+    return [f"trainer.logger names {name}, but the {name} package is not installed: "
+            f"pip install 'ember[{name}]' (or remove {name} from trainer.logger)"
+            for name in LOGGERS_FROM_EXTRAS if name in loggers and importlib.util.find_spec(name) is None]
 
 
 def _megatron_bounds(path: str, megatron: MegatronConfig | None) -> list[Bound]:
@@ -198,7 +207,7 @@ def _layout(section: Any) -> tuple:
 
 
 def _rl_errors(cfg: EmberConfig) -> list[str]:
-    errors = _bound_errors(cfg, _rl_bounds(cfg))
+    errors = _bound_errors(cfg, _rl_bounds(cfg)) + _logger_package_errors(cfg.trainer.logger)
     world = world_size(cfg.trainer)
     actor, ref, critic = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.ref, cfg.critic
     rollout = cfg.actor_rollout_ref.rollout
@@ -255,6 +264,7 @@ def _sft_errors(cfg: SFTConfig) -> list[str]:
               Bound("optim.clip_grad", low=0.0, low_open=True), Bound("model.lora_rank", low=0),
               *_run_bounds(), *_megatron_bounds("model.megatron", model.megatron)]
     errors = _bound_errors(cfg, bounds) + _betas_errors("optim.betas", cfg.optim.betas)
+    errors += _logger_package_errors(cfg.trainer.logger)
     errors += _parallel_errors("model", model.strategy, model.megatron, cfg.ulysses_sequence_parallel_size, cfg)
     if errors:
         return errors

@@ -2,14 +2,19 @@
 
 Every row read here keeps the file it came from and its index in that file, so that any
 later complaint about it (a malformed prompt, a missing ground truth) names the file, the
-row and the column. Rows are never dropped silently: a bad row is a `DatasetError`.
+row and the column. Rows are never dropped silently: a bad row is a `DatasetError`, and so is
+a file pyarrow cannot read (empty, truncated, not parquet, a corrupt page): every parquet read
+goes through `read_parquet_schema` / `read_parquet_table`, which name the file. Files are
+written as a set (`write_parquet_files`): all under temporary names first, then renamed, so a
+failure leaves the files that were there before untouched.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,10 +22,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ember.errors import UserError
+
 PathLike = str | os.PathLike
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError, ValueError):
     """A data file or one of its rows is not in the form ember expects."""
 
 
@@ -45,8 +52,31 @@ def as_file_list(files: PathLike | Iterable[PathLike]) -> list[str]:
         raise DatasetError("no data files given; set data.train_files (and data.val_files) to parquet paths")
     for path in paths:
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"data file not found: {path}; check data.train_files / data.val_files")
+            raise DatasetError(f"data file not found: {path}; check data.train_files / data.val_files")
     return paths
+
+
+@contextmanager
+def _reading_parquet(path: str) -> Iterator[None]:
+    """pyarrow's errors for an unreadable file (they do not name it) as a DatasetError that does."""
+    try:
+        yield
+    except (pa.ArrowException, OSError) as error:
+        raise DatasetError(f"{path} cannot be read as parquet ({error}): the file is empty, cut short, corrupt "
+                           "or not parquet at all; write it again (`ember preprocess` writes ember's data files) "
+                           "or name another file") from None
+
+
+def read_parquet_schema(path: str) -> list[str]:
+    """The column names of the parquet file at `path`."""
+    with _reading_parquet(path):
+        return pq.read_schema(path).names
+
+
+def read_parquet_table(path: str, columns: list[str]) -> list[dict[str, Any]]:
+    """The `columns` of every row of the parquet file at `path`, as dicts."""
+    with _reading_parquet(path):
+        return pq.read_table(path, columns=columns).to_pylist()
 
 
 def check_columns(file: str, present: Iterable[str], required: Mapping[str, str | None]) -> None:
@@ -72,44 +102,84 @@ def read_parquet_rows(
     """
     rows: list[SourceRow] = []
     for path in as_file_list(files):
-        present = pq.read_schema(path).names
+        present = read_parquet_schema(path)
         check_columns(path, present, required)
         wanted = set(required) | set(optional)
         columns = [column for column in present if column in wanted]  # in the file's order
-        table = pq.read_table(path, columns=columns)
-        rows.extend(SourceRow(path, index, values) for index, values in enumerate(table.to_pylist()))
+        rows.extend(SourceRow(path, index, values) for index, values in enumerate(read_parquet_table(path, columns)))
     return rows
 
 
 def read_records(path: PathLike, required: Mapping[str, str | None]) -> list[SourceRow]:
-    """Read every column of one `.parquet` or `.jsonl` file; each row must have the `required` columns."""
-    path = as_file_list(path)[0]
+    """Read every column of one `.parquet` or `.jsonl` file (a preprocess recipe's `--input`), which must
+    hold at least one row; each row must have the `required` columns."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DatasetError(f"input file not found: {path}; give --input an existing .jsonl or .parquet file")
     if path.endswith(".parquet"):
-        return read_parquet_rows(path, required, optional=pq.read_schema(path).names)
-    if not path.endswith(".jsonl"):
+        rows = read_parquet_rows(path, required, optional=read_parquet_schema(path))
+    elif path.endswith(".jsonl"):
+        rows = _read_json_lines(path, required)
+    else:
         raise DatasetError(f"{path}: unsupported file type; give a .parquet or .jsonl file")
+    if not rows:
+        raise DatasetError(f"{path} holds no rows; give a file with at least one record ({', '.join(required)})")
+    return rows
+
+
+def _read_json_lines(path: str, required: Mapping[str, str | None]) -> list[SourceRow]:
     rows = []
     with open(path, encoding="utf-8") as lines:
-        for index, line in enumerate(line for line in lines if line.strip()):
-            row = SourceRow(path, index, {})
-            try:
-                values = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise row.error(None, f"not valid JSON ({error})") from error
-            if not isinstance(values, dict):
-                raise row.error(None, f"expected a JSON object per line, got {type(values).__name__}")
-            for column in required:
-                if column not in values:
-                    raise row.error(column, f"missing (keys present: {', '.join(values) or 'none'})")
-            rows.append(SourceRow(path, index, values))
+        try:
+            numbered = list(enumerate(line for line in lines if line.strip()))
+        except UnicodeDecodeError as error:
+            raise DatasetError(f"{path} is not UTF-8 text ({error}); give JSON lines in UTF-8") from None
+    for index, line in numbered:
+        row = SourceRow(path, index, {})
+        try:
+            values = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise row.error(None, f"not valid JSON ({error})") from error
+        if not isinstance(values, dict):
+            raise row.error(None, f"expected a JSON object per line, got {type(values).__name__}")
+        for column in required:
+            if column not in values:
+                raise row.error(column, f"missing (keys present: {', '.join(values) or 'none'})")
+        rows.append(SourceRow(path, index, values))
     return rows
 
 
 def write_parquet(rows: list[dict[str, Any]], path: PathLike) -> Path:
     """Write `rows` (dicts with the same keys) to a parquet file, creating its folder; returns the path."""
-    path = Path(path)
-    if not rows:
-        raise DatasetError(f"refusing to write {path}: no rows")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
+    (written,) = write_parquet_files({path: rows})
+    return written
+
+
+def write_parquet_files(files: Mapping[PathLike, list[dict[str, Any]]]) -> list[Path]:
+    """Write each path's rows to a parquet file, all or none: every file goes to a temporary name
+    beside its final one, and only once all are written are they renamed into place. On any
+    failure the temporaries are removed and the files already at those paths stay as they were."""
+    paths = {Path(path): rows for path, rows in files.items()}
+    for path, rows in paths.items():
+        if not rows:
+            raise DatasetError(f"refusing to write {path}: no rows")
+    temporaries: dict[Path, Path] = {}
+    try:
+        for path, rows in paths.items():
+            _make_folder(path.parent)
+            temporaries[path] = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            pq.write_table(pa.Table.from_pylist(rows), temporaries[path])
+        for path, temporary in temporaries.items():
+            os.replace(temporary, path)
+    finally:
+        for temporary in temporaries.values():
+            temporary.unlink(missing_ok=True)
+    return list(paths)
+
+
+def _make_folder(folder: Path) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DatasetError(f"cannot create the output folder {folder} ({error.strerror}); "
+                           "choose an output path inside a folder you can write") from None

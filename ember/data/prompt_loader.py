@@ -13,6 +13,8 @@ from typing import Generic, TypeVar
 
 import numpy as np
 
+from ember.data.parquet import DatasetError
+
 Sample = TypeVar("Sample")
 
 
@@ -34,9 +36,9 @@ class PromptLoader(Generic[Sample]):
         drop_last: bool = True,
     ):
         if batch_size < 1:
-            raise ValueError(f"batch size must be at least 1, got {batch_size}; set data.train_batch_size")
+            raise DatasetError(f"batch size must be at least 1, got {batch_size}; set data.train_batch_size")
         if len(dataset) == 0 or (drop_last and len(dataset) < batch_size):
-            raise ValueError(
+            raise DatasetError(
                 f"the dataset has {len(dataset)} prompts, fewer than one batch of {batch_size}; "
                 "lower data.train_batch_size (or data.val_batch_size) or add rows to data.train_files (data.val_files)"
             )
@@ -79,7 +81,7 @@ class PromptLoader(Generic[Sample]):
     def load_state_dict(self, state: dict[str, int]) -> None:
         """Continue from a `state_dict()`; the next batch is the one that would have followed it."""
         if not 0 <= state["position"] < len(self):
-            raise ValueError(
+            raise DatasetError(
                 f"loader state has position {state['position']} but an epoch here has {len(self)} batches; "
                 "resume with the same data files and data.train_batch_size as the checkpointed run"
             )

@@ -17,12 +17,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import pyarrow.parquet as pq
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from ember.data.chat import check_messages, encode_chat_with_assistant_mask, encode_texts, render_chat
-from ember.data.parquet import DatasetError, SourceRow, as_file_list, read_parquet_rows
+from ember.data.parquet import DatasetError, SourceRow, as_file_list, read_parquet_rows, read_parquet_schema
 from ember.data.rl_dataset import truncate_tokens
 
 SFT_FORMS = ("auto", "messages", "prompt_response", "tokenized")
@@ -95,7 +94,7 @@ class SFTDataset:
         return self.examples[index]
 
     def _detect_form(self, path: str) -> str:
-        columns = pq.read_schema(path).names
+        columns = read_parquet_schema(path)
         if self.messages_key in columns:
             return "messages"
         if self.prompt_key in columns and self.response_key in columns:

@@ -19,12 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ember.errors import UserError
+
 CONTRACT_ARGUMENTS = ("data_source", "solution_str", "ground_truth", "extra_info")
 REQUIRED_ARGUMENTS = ("solution_str", "ground_truth")
 
 
-class RewardConfigError(ValueError):
-    """The reward function cannot score this run as configured; the message says what to change.
+class RewardConfigError(UserError, ValueError):
+    """The reward function cannot score this run as configured; the message says what to change
+    (a `UserError`: the `ember` command prints it and exits with status 2).
 
     The reward manager re-raises it instead of scoring the sample as a failure: it means
     every sample would fail, not that one response was odd.

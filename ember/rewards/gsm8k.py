@@ -1,34 +1,60 @@
 """Reward for GSM8K-style word problems: the model's final number against the reference.
 
-Two ways to find the model's answer:
+By default the score is exactly verl's (`verl.utils.reward_score.gsm8k.compute_score`, the
+same in verl 0.9), so reward curves compare across the two. Only the last
+``TAIL_CHARS`` characters of the response are read, and the answer is compared as a string
+with the ground truth as the dataset stores it (``ember preprocess gsm8k`` writes the final
+number without commas, as verl's preprocessing does):
 
-- ``strict``: the number after the last ``#### `` marker, or the last ``\\boxed{N}``, whichever
-  comes later, searched only in the last ``STRICT_TAIL_CHARS`` characters of the response.
-  Like verl, the clip keeps the search cheap on long degenerate outputs and rewards answers
-  given at the end.
-- ``flexible``: the same marked answer searched in the whole response; without one, the last
-  number written anywhere. (verl's flexible mode always takes the last number; preferring an
-  explicit marker means every answer strict accepts, flexible accepts too.)
+- ``strict``: the number after the last ``#### `` (``####``, one space, then digits, ``.``
+  and ``,`` with an optional leading ``-``), commas removed. ``####72``, ``#### $72`` and
+  ``\\boxed{72}`` are no answer; ``#### 72.00`` is a wrong one.
+- ``flexible``: the last run of those characters that is not a lone ``.``, as written
+  (commas kept).
 
-Both sides are normalised before comparison (commas, ``$``, trailing ``.0``, a trailing period;
-see ``normalize_number``). A correct answer earns ``score``; an answer that was found but is
-wrong earns ``format_score``; a response with no answer earns 0.
+``normalize=True`` scores with ember's answer normalisation instead, more forgiving of how
+models write numbers: ``\\boxed{N}`` counts as a marked answer, ``####`` needs no space,
+``$``, thousands separators, trailing ``.0`` and a final period are dropped on both sides, a
+full GSM8K solution as ground truth gives its final number, and ``flexible`` prefers a marked
+answer anywhere in the response over the last number (strict still reads the tail only).
+Set it from the config with
+``data.reward_fn='{_target_: ember.rewards.gsm8k.compute_score, normalize: true}'``.
+
+A correct answer earns ``score``; an answer that was found but is wrong earns
+``format_score``; a response with no answer earns 0.
 """
+
+import re
 
 from ember.rewards.extraction import last_marked_answer, last_number, normalize_number
 
-STRICT_TAIL_CHARS = 300
+TAIL_CHARS = 300  # as verl: the final answer sits at the end, and a regex over a long degenerate output is slow
 METHODS = ("strict", "flexible")
 
+_NUMBER_CHARACTERS = r"-?[0-9.,]+"
+_STRICT_PATTERN = re.compile(r"#### (" + _NUMBER_CHARACTERS + ")")
+_FLEXIBLE_PATTERN = re.compile(_NUMBER_CHARACTERS)
 
-def extract_answer(solution_str: str, method: str = "strict") -> str | None:
-    """The model's final answer as a normalised number string, or None if it gave none."""
-    if method == "strict":
-        return last_marked_answer(solution_str[-STRICT_TAIL_CHARS:])
-    if method == "flexible":
+
+def extract_answer(solution_str: str, method: str = "strict", normalize: bool = False) -> str | None:
+    """The model's final answer (see the module docstring for each method), or None if it gave none."""
+    if method not in METHODS:
+        raise ValueError(f"gsm8k method must be one of {METHODS}, got {method!r}")
+    tail = solution_str[-TAIL_CHARS:]
+    if normalize:
+        if method == "strict":
+            return last_marked_answer(tail)
         marked = last_marked_answer(solution_str)
         return marked if marked is not None else last_number(solution_str)
-    raise ValueError(f"gsm8k method must be one of {METHODS}, got {method!r}")
+    if method == "strict":
+        found = _STRICT_PATTERN.findall(tail)
+        return found[-1].replace(",", "") if found else None
+    found = _FLEXIBLE_PATTERN.findall(tail)
+    if not found:
+        return None
+    numbers = [candidate for candidate in found if candidate != "."]
+    # When every match is a lone "." verl's loop ends on one of them: an answer that matches nothing.
+    return numbers[-1] if numbers else "."
 
 
 def reference_answer(ground_truth) -> str:
@@ -48,10 +74,12 @@ def compute_score(
     method: str = "strict",
     format_score: float = 0.0,
     score: float = 1.0,
+    normalize: bool = False,
 ) -> float:
     """``score`` if the extracted answer equals the reference, ``format_score`` if an answer was
-    extracted but is wrong, 0 if none was found."""
-    answer = extract_answer(solution_str, method)
+    extracted but is wrong, 0 if none was found; verl's rules unless ``normalize``."""
+    answer = extract_answer(solution_str, method, normalize)
     if answer is None:
         return 0.0
-    return score if answer == reference_answer(ground_truth) else format_score
+    expected = reference_answer(ground_truth) if normalize else ground_truth
+    return score if answer == expected else format_score

@@ -1,10 +1,11 @@
 """The command line of a configured run, shared by `ember train` / `ember sft` (`ember/cli.py`)
 and `torchrun -m ember.trainer.sft`: `--config-path/--config-name`, key=value overrides,
-`--print-config`, `--describe`, and exit status 2 for an error the user must fix.
+`--print-config`, `--describe`, and exit status 2 for an error the user must fix (`exit_status`,
+the one place a `UserError` becomes a message).
 
-The one thing to know: this module imports only the config package (the data layer only once
-an error is raised, to name its error type), and the trainers reach it as functions passed in,
-so `ember --help` stays fast and no trainer module imports `ember/cli.py`.
+The one thing to know: this module imports only the config package and `ember/errors.py`, and the
+trainers reach it as functions passed in, so `ember --help` stays fast and no trainer module
+imports `ember/cli.py`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ember.config import ConfigError, check_implemented, config_to_yaml, load_config
+from ember.config import check_implemented, config_to_yaml, load_config
 from ember.config.describe import describe_keys
+from ember.errors import UserError
 
 OVERRIDE_HELP = """\
 overrides (Hydra grammar, as in verl run scripts):
@@ -24,7 +26,7 @@ overrides (Hydra grammar, as in verl run scripts):
   +key=value          add a key under a free-form mapping, e.g.
                       +actor_rollout_ref.actor.megatron.override_transformer_config.recompute_num_layers=1
   ++key=value         set or add
-  ~key                delete a free-form key, or reset a key to its default
+  ~key                delete a free-form key, or reset a key (not a whole section) to its default
 Values are YAML: trainer.logger=['console','tensorboard'], null, 1e-6, true, 'quoted'.
 Overrides apply after --config-name's file, in order; a repeated key keeps its last value.
 
@@ -79,18 +81,11 @@ def run_configured(args: argparse.Namespace, overrides: list[str], schema: type,
 
 
 def exit_status(command: Callable[[], int]) -> int:
-    """`command()`'s status, or 2 after printing `error: <message>` for an error whose message
-    tells the user what to change (a ConfigError, or a DatasetError naming a file, row or column)."""
+    """`command()`'s status, or 2 after printing `error: <message>` (and no traceback) for a
+    `UserError`, whose message names the key, file or path to change; any other exception is
+    ember's own bug and propagates with its traceback."""
     try:
         return command()
-    except _user_errors() as error:
+    except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-
-
-def _user_errors() -> tuple[type[Exception], ...]:
-    """Evaluated only once an error is raised, so that the data layer (pyarrow) is imported by
-    the commands that read data, not by --help."""
-    from ember.data.parquet import DatasetError
-
-    return ConfigError, DatasetError

@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ember.config import ConfigError, EmberConfig, SFTConfig, load_config
 from ember.config.yaml_io import read_yaml_file
+from ember.errors import UserError
 from ember.trainer.checkpoint import CheckpointError, CheckpointProblem
 from ember.trainer.resume import check_engine_files, load_engines
 from ember.trainer.rl_setup import build_engine, check_model_path
@@ -45,9 +46,12 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
     """Writes the policy of `checkpoint_dir` (a `global_step_N` folder) to `out_dir`; returns `out_dir`."""
     checkpoint_dir = os.path.normpath(checkpoint_dir)
     policy_dir = os.path.join(checkpoint_dir, ENGINE_DIR)
+    if not os.path.exists(checkpoint_dir):
+        raise UserError(f"checkpoint folder {checkpoint_dir} does not exist; pass a global_step_N folder written by "
+                        "ember train or ember sft")
     if not os.path.isdir(policy_dir):
-        raise ConfigError(f"{checkpoint_dir} has no {ENGINE_DIR}/ folder; pass a global_step_N folder written by "
-                          "ember train or ember sft")
+        raise UserError(f"{checkpoint_dir} is not a checkpoint: it has no {ENGINE_DIR}/ folder; pass a global_step_N "
+                        "folder written by ember train or ember sft")
     source = read_policy_source(os.path.dirname(checkpoint_dir))
     # "ref": weights only; the optimizer state in the checkpoint is not needed to export, nor the
     # run's CPU offload policy (refused on a machine without an accelerator, useless for one forward).

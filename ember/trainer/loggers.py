@@ -1,5 +1,6 @@
 """Metric sinks for a run: console (one line per step with elapsed time and ETA),
-TensorBoard, and a jsonl file that is always written.
+TensorBoard, and a jsonl file that is always written; the experiment trackers wandb and
+MLflow live in experiment_trackers.py.
 
 `MetricLogger.log(step, metrics)` fans one dict of floats out to every sink. The jsonl file
 is the run's record: plots and tests read it back. `MetricLogger.start(resumed_step)` opens
@@ -16,6 +17,8 @@ import os
 import sys
 import time
 from typing import Iterable
+
+from ember.trainer.experiment_trackers import TRACKER_SINKS, TrackedRun
 
 CONSOLE_KEYS = (
     "critic/score/mean",
@@ -103,14 +106,18 @@ class TensorBoardSink:
         self.writer.close()
 
 
-SUPPORTED_LOGGERS = ("console", "tensorboard", "jsonl")
+SUPPORTED_LOGGERS = ("console", "tensorboard", "jsonl", *TRACKER_SINKS)
 
 
 class MetricLogger:
     """Writes each step's metrics to the sinks named in `trainer.logger` plus jsonl."""
 
-    def __init__(self, run_dir: str, loggers: Iterable[str], total_steps: int, enabled: bool = True):
+    def __init__(self, run_dir: str, loggers: Iterable[str], total_steps: int, enabled: bool = True,
+                 tracked_run: TrackedRun | None = None):
+        """`tracked_run` names the run for the experiment trackers (wandb, mlflow) and is
+        required when `loggers` names one."""
         self.run_dir = run_dir
+        self.tracked_run = tracked_run
         self.names = set(loggers)
         self.total_steps = total_steps
         self.enabled = enabled  # non-zero ranks log nothing
@@ -118,6 +125,9 @@ class MetricLogger:
         unknown = self.names - set(SUPPORTED_LOGGERS)
         if unknown:
             raise ValueError(f"trainer.logger: unknown logger(s) {sorted(unknown)}; supported: {list(SUPPORTED_LOGGERS)}")
+        if tracked_run is None and self.names & set(TRACKER_SINKS):
+            raise ValueError(f"trainer.logger names {sorted(self.names & set(TRACKER_SINKS))}: pass tracked_run "
+                             "(the run's names, config)")
 
     def start(self, resumed_step: int | None) -> None:
         """Opens the sinks for a run resumed at `resumed_step` (None: a fresh start). What an earlier
@@ -132,6 +142,9 @@ class MetricLogger:
         if "tensorboard" in self.names:
             self.sinks.append(TensorBoardSink(os.path.join(self.run_dir, "tensorboard"), first_step))
         self.sinks.append(JsonlSink(os.path.join(self.run_dir, "metrics.jsonl"), first_step))
+        for name, sink in TRACKER_SINKS.items():
+            if name in self.names:
+                self.sinks.append(sink(self.tracked_run))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         if self.sinks is None:

@@ -26,6 +26,7 @@ from ember.rollout import SamplingParams
 from ember.trainer.balance import balance_batch
 from ember.trainer.checkpoint import CheckpointManager
 from ember.trainer.experience import generate_experience, score_experience, token_level_scores
+from ember.trainer.experiment_trackers import TrackedRun
 from ember.trainer.faults import BadStepGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.metrics import compute_data_metrics, compute_timing_metrics, timed
@@ -53,7 +54,8 @@ class RLTrainer:
         self.kl_controller = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive"
                               else FixedKLController(kl.kl_coef))
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_actor_ckpt_to_keep, is_writer=rank() == 0)
-        self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, parts.total_steps, enabled=rank() == 0)
+        self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, parts.total_steps, enabled=rank() == 0,
+                                   tracked_run=TrackedRun.of(cfg))
         self.guard = BadStepGuard(cfg.trainer.max_loss_or_grad_norm)
         self.validation_history: list[tuple[int, dict[str, float]]] = []
 
@@ -161,10 +163,11 @@ class RLTrainer:
     def compute_advantages(self, batch, reward_baselines: torch.Tensor | None = None) -> dict[str, float]:
         algorithm, metrics = self.cfg.algorithm, {}
         if algorithm.use_kl_in_reward:
+            log_probs = (batch.old_log_probs if batch.old_log_probs is not None
+                         else self.parts.actor.compute_log_probs(batch))
             batch.token_level_rewards, kl_metrics = apply_kl_penalty(
-                batch.token_level_scores, batch.old_log_probs if batch.old_log_probs is not None
-                else self.parts.actor.compute_log_probs(batch), batch.ref_log_probs, batch.response_mask,
-                self.kl_controller.value, algorithm.kl_penalty)
+                token_level_scores=batch.token_level_scores, log_probs=log_probs, ref_log_probs=batch.ref_log_probs,
+                response_mask=batch.response_mask, kl_coef=self.kl_controller.value, kind=algorithm.kl_penalty)
             self.kl_controller.update(float(kl_metrics["kl"]), n_steps=len(batch))
             metrics.update({f"actor/reward_{key}": float(value) for key, value in kl_metrics.items()})
         else:

@@ -86,37 +86,72 @@ def uses_reference(cfg: EmberConfig) -> bool:
 
 
 HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # "Qwen/Qwen2.5-0.5B": fetched by transformers, not a local path
+MODEL_CONFIG_FILE = "config.json"  # what transformers reads first from a model folder (architecture, sizes)
 
 
-def check_model_path(key: str, path: str) -> None:
-    """A model or tokenizer path must be an existing folder unless it reads as a hub id."""
-    if os.path.isdir(path) or (HUB_ID.fullmatch(path) and not path.startswith(".")):
+def check_model_path(key: str, path: str, *, tokenizer_only: bool = False) -> None:
+    """A model path must be a Hugging Face model folder (holding config.json), or read as a hub id
+    when nothing is at that path; a tokenizer path (`tokenizer_only`) any existing folder or hub id."""
+    if os.path.isdir(path):
+        if tokenizer_only or os.path.isfile(os.path.join(path, MODEL_CONFIG_FILE)):
+            return
+        raise ConfigError(f"{key}={path} holds no {MODEL_CONFIG_FILE}, so it is not a Hugging Face model folder; "
+                          f"point it at the folder with the model's {MODEL_CONFIG_FILE} and weights")
+    if os.path.exists(path):
+        raise ConfigError(f"{key}={path} is a file, not a folder; point it at a Hugging Face model folder "
+                          f"(the one holding {MODEL_CONFIG_FILE}, the weights and the tokenizer)")
+    if HUB_ID.fullmatch(path) and not path.startswith("."):
         return
-    raise ConfigError(f"{key}={path} is not a folder; point it at a Hugging Face model directory (or a hub id)")
+    raise ConfigError(f"{key}={path} does not exist; point it at a Hugging Face model folder (or a hub id)")
+
+
+def check_data_files(key: str, files: str | list[str] | None) -> None:
+    """Each file a data key names (one path or a list; None names none) must exist."""
+    for path in [files] if isinstance(files, str) else files or []:
+        if not os.path.isfile(path):
+            raise ConfigError(f"{key}: file not found: {path}")
+
+
+def check_output_dir(key: str, path: str) -> None:
+    """The folder a run writes to (checkpoints, config.yaml, metrics, TensorBoard) is created now,
+    so that a path that cannot be written stops the run before any work, naming `key`."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ConfigError(f"{key}={path} is a file, not a folder; point it at a folder for the run's outputs")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"{key}={path} cannot be created ({error.strerror}: {error.filename}); "
+                          "point it at a folder you can write") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ConfigError(f"{key}={path} is not writable; point it at a folder you can write")
 
 
 def check_input_paths(cfg: EmberConfig) -> None:
     """Stops a run before any work when a model, tokenizer, data file, reward file or
-    checkpoint it names does not exist, naming the key to change."""
+    checkpoint it names does not exist, or its output folder cannot be written, naming the key to change."""
     arr = cfg.actor_rollout_ref
-    models = {"actor_rollout_ref.model.path": arr.model.path,
-              "actor_rollout_ref.model.tokenizer_path": arr.model.tokenizer_path,
-              "data.tokenizer": cfg.data.tokenizer}
+    if arr.model.path is None:
+        raise ConfigError("actor_rollout_ref.model.path is not set; point it at a Hugging Face model folder or hub id "
+                          "(or leave out data.train_files too for the built-in demo)")
+    if cfg.data.train_files is None:
+        raise ConfigError("data.train_files is not set; give the parquet file(s) of training prompts (`ember "
+                          "preprocess` writes them; leave out actor_rollout_ref.model.path too for the built-in demo)")
+    models = {"actor_rollout_ref.model.path": arr.model.path}
     if uses_critic(cfg):
         models["critic.model.path"] = cfg.critic.model.path
     for key, path in models.items():
         if path is not None:
             check_model_path(key, path)
-    files = {"custom_reward_function.path": [cfg.custom_reward_function.path]}
-    for key in ("train_files", "val_files"):
-        value = getattr(cfg.data, key)
-        files[f"data.{key}"] = [value] if isinstance(value, str) else list(value or [])
-    for key, paths in files.items():
-        for path in paths:
-            if path is not None and not os.path.isfile(path):
-                raise ConfigError(f"{key}: file not found: {path}")
+    for key, path in {"actor_rollout_ref.model.tokenizer_path": arr.model.tokenizer_path,
+                      "data.tokenizer": cfg.data.tokenizer}.items():
+        if path is not None:
+            check_model_path(key, path, tokenizer_only=True)
+    check_data_files("custom_reward_function.path", cfg.custom_reward_function.path)
+    check_data_files("data.train_files", cfg.data.train_files)
+    check_data_files("data.val_files", cfg.data.val_files)
     if cfg.trainer.resume_mode == "resume_path":
         check_resume_path(cfg.trainer.resume_from_path)
+    check_output_dir("trainer.default_local_dir", cfg.trainer.default_local_dir)
 
 
 def load_tokenizer(cfg: EmberConfig) -> PreTrainedTokenizerBase:
@@ -302,6 +337,9 @@ def build_worker_groups(cfg: EmberConfig, total_steps: int) -> dict[str, object]
 
 def build_components(cfg: EmberConfig) -> RLComponents:
     check_input_paths(cfg)
+    # loaded once here, before any model, so that a wrong reward function stops the run at once
+    reward_fn = resolve_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
+                                  cfg.custom_reward_function.reward_kwargs, cfg.data.reward_fn or None)
     arr = cfg.actor_rollout_ref
     tokenizer = load_tokenizer(cfg)
     train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg)
@@ -313,9 +351,7 @@ def build_components(cfg: EmberConfig) -> RLComponents:
     actor = ActorGroup(groups["actor"], mini_batch_samples=arr.actor.ppo_mini_batch_size * n,
                        ppo_epochs=arr.actor.ppo_epochs)
     reward = cfg.reward_model
-    spec = resolve_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
-                             cfg.custom_reward_function.reward_kwargs, cfg.data.reward_fn or None)
-    reward_manager = RewardManager(spec, num_workers=reward.num_workers, timeout_s=reward.timeout_s,
+    reward_manager = RewardManager(reward_fn, num_workers=reward.num_workers, timeout_s=reward.timeout_s,
                                    failure_score=reward.failure_score)
     return RLComponents(tokenizer=tokenizer, train_loader=train_loader, val_dataset=val_dataset, actor=actor,
                         reference=ReferenceGroup(groups["reference"]) if "reference" in groups else None,

@@ -37,11 +37,13 @@ from ember.engines.optim import OptimOptions
 from ember.trainer.checkpoint import CheckpointManager
 from ember.trainer.command_line import (OVERRIDE_HELP, RunPlan, add_config_arguments, config_overrides, exit_status,
                                         run_configured)
+from ember.trainer.experiment_trackers import TrackedRun
 from ember.trainer.faults import BadStepGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.plot import plot_curves
-from ember.trainer.rl_setup import build_engine, use_configured_device
 from ember.trainer.resume import resume_from_checkpoint
+from ember.trainer.rl_setup import (build_engine, check_data_files, check_model_path, check_output_dir,
+                                    use_configured_device)
 from ember.trainer.run_state import save_run_state
 from ember.trainer.sft_step import sft_eval_sums, sft_update
 
@@ -68,7 +70,8 @@ class SFTTrainer:
         self.rank, self.dp_size = rank(), world_size()
         self.step = 0
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_ckpt_to_keep, is_writer=self.rank == 0)
-        self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, self.total_steps, enabled=self.rank == 0)
+        self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, self.total_steps, enabled=self.rank == 0,
+                                   tracked_run=TrackedRun.of(cfg))
         self.guard = BadStepGuard(cfg.trainer.max_loss_or_grad_norm)
 
     # --- the loop --------------------------------------------------------------------------------
@@ -223,17 +226,19 @@ def _every(frequency: int, step: int) -> bool:
 
 
 def check_sft_config(cfg: SFTConfig) -> None:
-    """What only a real run needs: a model, data files that exist, and as many processes as the config names."""
+    """What only a real run needs: a model folder, data files that exist, an output folder that can be
+    written, and as many processes as the config names (the RL run's checks, `rl_setup.check_input_paths`)."""
     if cfg.model.partial_pretrain is None:
         raise ConfigError("model.partial_pretrain is not set; point it at a Hugging Face model directory or hub id "
                           "to fine-tune (the built-in demo is `ember train` with no arguments)")
+    check_model_path("model.partial_pretrain", cfg.model.partial_pretrain)
+    if cfg.model.tokenizer_path is not None:
+        check_model_path("model.tokenizer_path", cfg.model.tokenizer_path, tokenizer_only=True)
     if cfg.data.train_files is None:
         raise ConfigError("data.train_files is not set; give parquet file(s) of training examples")
-    for key in ("train_files", "val_files"):
-        files = getattr(cfg.data, key)
-        for path in [files] if isinstance(files, str) else files or []:
-            if not os.path.isfile(path):
-                raise ConfigError(f"data.{key}: file not found: {path}")
+    check_data_files("data.train_files", cfg.data.train_files)
+    check_data_files("data.val_files", cfg.data.val_files)
+    check_output_dir("trainer.default_local_dir", cfg.trainer.default_local_dir)
     configured = configured_world_size(cfg.trainer)
     if world_size() != configured:
         raise ConfigError(f"trainer.nnodes × trainer.n_gpus_per_node = {configured} but this run has {world_size()} "

@@ -80,23 +80,22 @@ class Actor(EngineRole):
         options = self.options
         mask = batch.response_mask
         old_log_probs = batch.old_log_probs if batch.old_log_probs is not None else output.log_probs.detach()
-        shares = dict(num_tokens=context.num_tokens, num_sequences=context.num_sequences,
-                      norm_length=options.norm_length)
+        counts = dict(num_tokens=context.num_tokens, num_sequences=context.num_sequences)
+        aggregation = dict(mask=mask, mode=options.loss_agg_mode, norm_length=options.norm_length)
         inputs = PolicyLossInputs(old_log_probs=old_log_probs, log_probs=output.log_probs,
                                   advantages=batch.advantages, response_mask=mask)
-        policy = self.policy_loss_fn(inputs, options.clip, options.loss_agg_mode, **shares)
+        policy_aggregation = dict(loss_agg_mode=options.loss_agg_mode, norm_length=options.norm_length)
+        policy = self.policy_loss_fn(inputs, options.clip, **policy_aggregation, **counts)
         loss = policy.loss
         with torch.no_grad():
-            local_policy = self.policy_loss_fn(inputs, options.clip, options.loss_agg_mode,
-                                               norm_length=options.norm_length)
-            entropy = aggregate_loss(output.entropy, mask, options.loss_agg_mode, norm_length=options.norm_length)
+            local_policy = self.policy_loss_fn(inputs, options.clip, **policy_aggregation)
+            entropy = aggregate_loss(output.entropy, **aggregation)
         metrics = {"pg_loss": local_policy.loss, "pg_clipfrac": policy.clipfrac, "ppo_kl": policy.ppo_kl,
                    "pg_clipfrac_lower": policy.clipfrac_lower, "entropy": entropy}
         if options.entropy_coeff:
-            loss = loss - options.entropy_coeff * aggregate_loss(output.entropy, mask, options.loss_agg_mode, **shares)
+            loss = loss - options.entropy_coeff * aggregate_loss(output.entropy, **aggregation, **counts)
         if options.use_kl_loss:
-            kl = kl_penalty(output.log_probs, batch.ref_log_probs, options.kl_loss_type)
-            loss = loss + options.kl_loss_coef * aggregate_loss(kl, mask, options.loss_agg_mode, **shares)
-            metrics.update(kl_loss=aggregate_loss(kl.detach(), mask, options.loss_agg_mode, norm_length=options.norm_length),
-                           kl_coef=options.kl_loss_coef)
+            kl = kl_penalty(log_probs=output.log_probs, ref_log_probs=batch.ref_log_probs, kind=options.kl_loss_type)
+            loss = loss + options.kl_loss_coef * aggregate_loss(kl, **aggregation, **counts)
+            metrics.update(kl_loss=aggregate_loss(kl.detach(), **aggregation), kl_coef=options.kl_loss_coef)
         return loss, metrics

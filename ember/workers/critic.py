@@ -51,11 +51,10 @@ class Critic(EngineRole):
     def _loss(self, output: ModelOutput, batch: Batch, context: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         """The share of the mini-batch value loss, and the micro-batch's own loss as the metric."""
         options = self.options
-        arguments = dict(values=output.values, old_values=batch.values, returns=batch.returns,
+        arguments = dict(predicted_values=output.values, old_values=batch.values, returns=batch.returns,
                          response_mask=batch.response_mask, cliprange_value=options.cliprange_value,
                          loss_agg_mode=options.loss_agg_mode, norm_length=options.norm_length)
-        loss, clipfrac = compute_value_loss(**arguments, num_tokens=context.num_tokens,
-                                            num_sequences=context.num_sequences)
+        share = compute_value_loss(**arguments, num_tokens=context.num_tokens, num_sequences=context.num_sequences)
         with torch.no_grad():
-            local_loss, _ = compute_value_loss(**arguments)
-        return loss, {"vf_loss": local_loss, "vf_clipfrac": clipfrac}
+            local = compute_value_loss(**arguments)
+        return share.loss, {"vf_loss": local.loss, "vf_clipfrac": share.clipfrac}

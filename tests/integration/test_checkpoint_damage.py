@@ -113,7 +113,7 @@ def test_auto_resume_steps_back_to_the_newest_checkpoint_that_loads(damage, rl_r
     close(trainer)
 
     assert trainer.step == 2 and trainer.parts.train_loader.state_dict()["position"] == 2
-    weights = engine_weights(trainer.parts.actor.engine)
+    weights = engine_weights(trainer.parts.actor.in_process().engine)
     assert all(torch.equal(weights[name], tensor) for name, tensor in rl_run[1].items())
     assert trainer.guard.last_sound_checkpoint == str(run_dir / "global_step_2")
     if damage not in DAMAGE:  # the optimizer state too is step 2's, as a clean load of it gives
@@ -121,7 +121,7 @@ def test_auto_resume_steps_back_to_the_newest_checkpoint_that_loads(damage, rl_r
                                        f"trainer.resume_from_path={run_dir / 'global_step_2'}"))
         clean.resume()
         close(clean)
-        assert_same_optimizer_state(trainer.parts.actor.engine, clean.parts.actor.engine)
+        assert_same_optimizer_state(trainer.parts.actor.in_process().engine, clean.parts.actor.in_process().engine)
     warning = next(record.message for record in caplog.records if "cannot be loaded" in record.message)
     assert warning.startswith(f"checkpoint {run_dir / 'global_step_3'} cannot be loaded: {run_dir / 'global_step_3'}/")
     assert bad_file in warning and f"resuming from {run_dir / 'global_step_2'} instead" in warning

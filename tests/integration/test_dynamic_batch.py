@@ -24,7 +24,7 @@ from fsdp_engine_worker import (
 )
 from two_ranks import run_two_ranks, worker_environment
 
-from ember.algorithms import ClipConfig
+from ember.algorithms import LOSS_AGG_MODES, ClipConfig
 from ember.distributed.device import shutdown_distributed
 from ember.engines.base import MicroBatchSpec
 from ember.engines.fsdp.engine import FSDPEngine
@@ -34,7 +34,6 @@ from rl_helpers import all_finite, metrics_by_step, run_overrides, train
 
 SAMPLES = 8
 BUDGET = 20  # tokens per micro-batch: several micro-batches, samples regrouped out of order
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 @pytest.fixture(scope="module")

@@ -113,7 +113,7 @@ def test_a_diverged_loss_keeps_its_weights_out_of_checkpoints_and_names_the_last
     run_dir = tmp_path / "run"
     trainer = build_trainer(run_overrides(inputs, run_dir, "trainer.total_training_steps=10", "trainer.save_freq=2",
                                           "trainer.val_before_train=False"))
-    worker = trainer.parts.actor
+    worker = trainer.parts.actor.in_process()
     finite_loss = worker._loss
     diverged_steps = {3, 4, 5}
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from fixtures import make_tiny_model_dir
+from fixtures import PARQUET_CORRUPTIONS, corrupt_parquet, make_tiny_model_dir
 from safetensors.torch import load_file
 from two_ranks import run_two_ranks, worker_environment
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -27,6 +27,7 @@ from ember.engines.optim import OptimOptions
 from ember.trainer.checkpoint import list_checkpoints
 from ember.trainer.loggers import read_jsonl_metrics
 from ember.trainer.sft import check_sft_config, pad_to_multiple, rank_share
+from ember.trainer.sft import main as sft_main
 from ember.trainer.sft_step import sft_eval_sums, sft_update
 
 
@@ -202,6 +203,35 @@ def test_missing_model_or_data_file_is_a_config_error(workspace, tmp_path, capsy
     assert "model.partial_pretrain is not set" in capsys.readouterr().err
     assert main(["sft", *run_args(workspace, tmp_path, f"data.val_files=[{workspace['val']},{tmp_path}/nope.parquet]")]) == 2
     assert f"data.val_files: file not found: {tmp_path}/nope.parquet" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["model_folder_without_config", "model_path_is_a_file", "output_folder_under_a_file"])
+def test_unusable_model_or_output_path_exits_2_naming_the_key(case, workspace, tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    overrides, expected = {
+        "model_folder_without_config": ([f"model.partial_pretrain={tmp_path}/empty"],
+                                        f"model.partial_pretrain={tmp_path}/empty holds no config.json"),
+        "model_path_is_a_file": ([f"model.partial_pretrain={workspace['train']}"],
+                                 f"model.partial_pretrain={workspace['train']} is a file, not a folder"),
+        "output_folder_under_a_file": ([f"trainer.default_local_dir={workspace['train']}/run"],
+                                       f"trainer.default_local_dir={workspace['train']}/run cannot be created"),
+    }[case]
+    assert main(["sft", *run_args(workspace, tmp_path / "run", *overrides)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and expected in error and "Traceback" not in error
+
+
+def test_the_torchrun_entry_point_exits_2_the_same_way(workspace, tmp_path, capsys):
+    assert sft_main(run_args(workspace, tmp_path / "run", f"model.partial_pretrain={tmp_path}")) == 2
+    assert capsys.readouterr().err.startswith(f"error: model.partial_pretrain={tmp_path} holds no config.json")
+
+
+@pytest.mark.parametrize("corruption", PARQUET_CORRUPTIONS)
+def test_an_unreadable_sft_file_exits_2_naming_it(corruption, workspace, tmp_path, capsys):
+    rows = [sft_row_from_rl_row(row) for row in make_arithmetic_rows("add2", 400, seed=1)]
+    broken = corrupt_parquet(write_parquet(rows, tmp_path / "broken.parquet"), corruption)
+    assert main(["sft", *run_args(workspace, tmp_path / "run", f"data.train_files={broken}")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {broken} cannot be read as parquet")
 
 
 def test_more_gpus_than_processes_asks_for_torchrun(workspace):

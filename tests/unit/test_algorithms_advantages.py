@@ -43,7 +43,8 @@ def test_registry_refuses_to_rebind_a_name():
 def test_grpo_hand_computed():
     rewards, mask = outcome_rewards([1.0, 0.0, 0.0, 2.0, 4.0, 5.0], [3, 1, 2, 2, 3, 1], width=3)
     group_ids = ["a", "a", "a", "b", "b", "c"]
-    advantages, returns = get_advantage_fn("grpo")(AdvantageInputs(rewards, mask, group_ids))
+    advantages, returns = get_advantage_fn("grpo")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask,
+                                                                   group_ids=group_ids))
     std_a = math.sqrt(((1 - 1 / 3) ** 2 + 2 * (1 / 3) ** 2) / 2)  # unbiased, = sqrt(1/3)
     std_b = math.sqrt(2.0)
     expected = [(2 / 3) / (std_a + 1e-6), (-1 / 3) / (std_a + 1e-6), (-1 / 3) / (std_a + 1e-6),
@@ -56,7 +57,8 @@ def test_grpo_hand_computed():
 
 def test_grpo_without_std_is_score_minus_mean():
     rewards, mask = outcome_rewards([1.0, 0.0, 3.0, 2.0], [1, 2, 2, 1], width=2)
-    inputs = AdvantageInputs(rewards, mask, torch.tensor([7, 7, 9, 9]), norm_adv_by_std_in_grpo=False)
+    inputs = AdvantageInputs(token_level_rewards=rewards, response_mask=mask, group_ids=torch.tensor([7, 7, 9, 9]),
+                             norm_adv_by_std_in_grpo=False)
     advantages, _ = get_advantage_fn("grpo")(inputs)
     assert torch.allclose(advantages[:, 0], torch.tensor([0.5, -0.5, 0.5, -0.5]))
 
@@ -66,12 +68,14 @@ def test_grpo_group_advantages_sum_to_zero_and_equal_rewards_give_zero():
     scores = torch.rand(12, generator=generator).tolist()
     rewards, mask = outcome_rewards(scores, [1 + i % 4 for i in range(12)], width=4)
     group_ids = [i // 4 for i in range(12)]
-    advantages, _ = get_advantage_fn("grpo")(AdvantageInputs(rewards, mask, group_ids))
+    advantages, _ = get_advantage_fn("grpo")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask,
+                                                             group_ids=group_ids))
     per_sequence = advantages[:, 0]
     for group in range(3):
         assert abs(per_sequence[group * 4:(group + 1) * 4].sum().item()) < 1e-5
     equal, mask = outcome_rewards([0.7] * 4, [1, 2, 3, 4], width=4)
-    advantages, _ = get_advantage_fn("grpo")(AdvantageInputs(equal, mask, ["p"] * 4))
+    advantages, _ = get_advantage_fn("grpo")(AdvantageInputs(token_level_rewards=equal, response_mask=mask,
+                                                             group_ids=["p"] * 4))
     assert torch.count_nonzero(advantages) == 0
 
 
@@ -79,7 +83,8 @@ def test_rloo_baseline_is_mean_of_the_others():
     scores = [1.0, 0.0, 0.0, 0.5, 3.0, -1.0, 2.0]
     group_ids = ["x", "x", "x", "x", "y", "y", "z"]
     rewards, mask = outcome_rewards(scores, [2, 1, 2, 2, 1, 2, 2], width=2)
-    advantages, returns = get_advantage_fn("rloo")(AdvantageInputs(rewards, mask, group_ids))
+    advantages, returns = get_advantage_fn("rloo")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask,
+                                                                   group_ids=group_ids))
     for i, (score, group) in enumerate(zip(scores, group_ids)):
         others = [s for j, (s, g) in enumerate(zip(scores, group_ids)) if g == group and j != i]
         baseline = sum(others) / len(others) if others else 0.0
@@ -91,7 +96,8 @@ def test_rloo_baseline_is_mean_of_the_others():
 def test_reinforce_plus_plus_baseline_subtracts_group_mean_then_whitens():
     scores, lengths = [1.0, 0.0, 2.0, 4.0], [2, 1, 3, 1]
     rewards, mask = outcome_rewards(scores, lengths, width=3)
-    advantages, _ = get_advantage_fn("reinforce_plus_plus_baseline")(AdvantageInputs(rewards, mask, [0, 0, 1, 1]))
+    inputs = AdvantageInputs(token_level_rewards=rewards, response_mask=mask, group_ids=[0, 0, 1, 1])
+    advantages, _ = get_advantage_fn("reinforce_plus_plus_baseline")(inputs)
     centered = [0.5, -0.5, -1.0, 1.0]
     token_values = [value for value, length in zip(centered, lengths) for _ in range(length)]
     expected = iter(whiten_by_hand(token_values))
@@ -104,7 +110,8 @@ def test_gae_hand_computed():
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
     values = torch.tensor([[0.5, 0.2, 0.1], [0.3, 0.4, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    advantages, returns = get_advantage_fn("gae")(AdvantageInputs(rewards, mask, values=values, gamma=0.9, lam=0.8))
+    advantages, returns = get_advantage_fn("gae")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask,
+                                                                  values=values, gamma=0.9, lam=0.8))
     # row 0: A2 = 1 - 0.1 = 0.9; A1 = (0.9*0.1 - 0.2) + 0.72*0.9 = 0.538; A0 = (0.9*0.2 - 0.5) + 0.72*0.538 = 0.06736
     # row 1 (last token is padding): A1 = 2 - 0.4 = 1.6; A0 = (0.9*0.4 - 0.3) + 0.72*1.6 = 1.212
     raw = [[0.06736, 0.538, 0.9], [1.212, 1.6]]
@@ -117,7 +124,8 @@ def test_gae_with_unit_gamma_lambda_and_zero_values_is_return_to_go():
     generator = torch.Generator().manual_seed(1)
     rewards = torch.randn(3, 5, generator=generator)
     mask = torch.ones(3, 5)
-    _, returns = get_advantage_fn("gae")(AdvantageInputs(rewards, mask, values=torch.zeros(3, 5)))
+    _, returns = get_advantage_fn("gae")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask,
+                                                         values=torch.zeros(3, 5)))
     for row in range(3):
         for t in range(5):
             assert returns[row, t].item() == pytest.approx(sum(rewards[row, t:].tolist()), abs=1e-5)
@@ -126,8 +134,10 @@ def test_gae_with_unit_gamma_lambda_and_zero_values_is_return_to_go():
 def test_gae_skips_masked_steps_without_breaking_the_recursion():
     rewards = torch.tensor([[0.3, 5.0, 1.0]])
     values = torch.tensor([[0.5, 7.0, 0.2]])
-    holed = AdvantageInputs(rewards, torch.tensor([[1.0, 0.0, 1.0]]), values=values, gamma=0.9, lam=0.8)
-    compact = AdvantageInputs(rewards[:, [0, 2]], torch.ones(1, 2), values=values[:, [0, 2]], gamma=0.9, lam=0.8)
+    holed = AdvantageInputs(token_level_rewards=rewards, response_mask=torch.tensor([[1.0, 0.0, 1.0]]), values=values,
+                            gamma=0.9, lam=0.8)
+    compact = AdvantageInputs(token_level_rewards=rewards[:, [0, 2]], response_mask=torch.ones(1, 2),
+                              values=values[:, [0, 2]], gamma=0.9, lam=0.8)
     _, holed_returns = get_advantage_fn("gae")(holed)
     _, compact_returns = get_advantage_fn("gae")(compact)
     assert torch.allclose(holed_returns[:, [0, 2]], compact_returns)
@@ -137,13 +147,14 @@ def test_gae_skips_masked_steps_without_breaking_the_recursion():
 def test_gae_requires_values():
     rewards, mask = outcome_rewards([1.0], [2], width=2)
     with pytest.raises(ValueError, match="critic values"):
-        get_advantage_fn("gae")(AdvantageInputs(rewards, mask))
+        get_advantage_fn("gae")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask))
 
 
 def test_reinforce_plus_plus_discounts_then_whitens():
     rewards = torch.tensor([[1.0, 0.0, 2.0], [0.0, 3.0, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    advantages, returns = get_advantage_fn("reinforce_plus_plus")(AdvantageInputs(rewards, mask, gamma=0.5))
+    advantages, returns = get_advantage_fn("reinforce_plus_plus")(AdvantageInputs(token_level_rewards=rewards,
+                                                                                  response_mask=mask, gamma=0.5))
     # row 0: G2 = 2, G1 = 0 + 0.5*2 = 1, G0 = 1 + 0.5*1 = 1.5; row 1: G1 = 3, G0 = 1.5
     assert torch.allclose(returns, torch.tensor([[1.5, 1.0, 2.0], [1.5, 3.0, 0.0]]))
     expected = whiten_by_hand([1.5, 1.0, 2.0, 1.5, 3.0])
@@ -153,12 +164,12 @@ def test_reinforce_plus_plus_discounts_then_whitens():
 def test_remax_subtracts_greedy_baseline_without_whitening():
     rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.5, 0.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
-    inputs = AdvantageInputs(rewards, mask, reward_baselines=torch.tensor([0.4, 1.0]))
+    inputs = AdvantageInputs(token_level_rewards=rewards, response_mask=mask, reward_baselines=torch.tensor([0.4, 1.0]))
     advantages, returns = get_advantage_fn("remax")(inputs)
     assert torch.allclose(returns, torch.tensor([[1.0, 1.0, 1.0], [0.5, 0.5, 0.0]]))
     assert torch.allclose(advantages, torch.tensor([[0.6, 0.6, 0.6], [-0.5, -0.5, 0.0]]))
     with pytest.raises(ValueError, match="reward_baselines"):
-        get_advantage_fn("remax")(AdvantageInputs(rewards, mask))
+        get_advantage_fn("remax")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask))
 
 
 @pytest.mark.parametrize("name", ["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"])
@@ -169,8 +180,10 @@ def test_values_under_the_mask_change_nothing(name):
     values = torch.randn(4, 4, generator=generator)
     noise = torch.randn(4, 4, generator=generator) * 100 * (1 - mask)
     common = dict(group_ids=[0, 0, 1, 1], reward_baselines=torch.randn(4, generator=generator), gamma=0.9, lam=0.95)
-    clean = get_advantage_fn(name)(AdvantageInputs(rewards, mask, values=values, **common))
-    noisy = get_advantage_fn(name)(AdvantageInputs(rewards + noise, mask, values=values - noise, **common))
+    clean = get_advantage_fn(name)(AdvantageInputs(token_level_rewards=rewards, response_mask=mask, values=values,
+                                                   **common))
+    noisy = get_advantage_fn(name)(AdvantageInputs(token_level_rewards=rewards + noise, response_mask=mask,
+                                                   values=values - noise, **common))
     for clean_tensor, noisy_tensor in zip(clean, noisy):
         assert torch.allclose(clean_tensor, noisy_tensor, atol=1e-6)
         assert torch.count_nonzero(clean_tensor * (1 - mask)) == 0
@@ -179,7 +192,8 @@ def test_values_under_the_mask_change_nothing(name):
 def test_group_std_matches_statistics_stdev():
     scores = [0.3, 0.9, 0.1, 0.4]
     rewards, mask = outcome_rewards(scores, [1, 1, 1, 1], width=1)
-    advantages, _ = get_advantage_fn("grpo")(AdvantageInputs(rewards, mask, ["g"] * 4, epsilon=0.0))
+    advantages, _ = get_advantage_fn("grpo")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask,
+                                                             group_ids=["g"] * 4, epsilon=0.0))
     expected = [(s - statistics.mean(scores)) / statistics.stdev(scores) for s in scores]
     assert torch.allclose(advantages[:, 0], torch.tensor(expected), atol=1e-6)
 
@@ -187,6 +201,6 @@ def test_group_std_matches_statistics_stdev():
 def test_group_ids_must_match_batch():
     rewards, mask = outcome_rewards([1.0, 0.0], [1, 1], width=1)
     with pytest.raises(ValueError, match="group_ids has 3 entries"):
-        get_advantage_fn("grpo")(AdvantageInputs(rewards, mask, [0, 0, 1]))
+        get_advantage_fn("grpo")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask, group_ids=[0, 0, 1]))
     with pytest.raises(ValueError, match="needs group_ids"):
-        get_advantage_fn("rloo")(AdvantageInputs(rewards, mask))
+        get_advantage_fn("rloo")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask))

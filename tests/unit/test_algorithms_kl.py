@@ -23,17 +23,19 @@ LN2 = math.log(2)
 ])
 def test_estimators_hand_computed(kind, expected):
     log_probs, ref_log_probs = torch.tensor([0.0]), torch.tensor([-LN2])
-    assert kl_penalty(log_probs, ref_log_probs, kind).item() == pytest.approx(expected, rel=1e-6)
+    value = kl_penalty(log_probs=log_probs, ref_log_probs=ref_log_probs, kind=kind)
+    assert value.item() == pytest.approx(expected, rel=1e-6)
 
 
 def test_k1_can_be_negative_and_abs_cannot():
     log_probs, ref_log_probs = torch.tensor([-LN2]), torch.tensor([0.0])
-    assert kl_penalty(log_probs, ref_log_probs, "kl").item() == pytest.approx(-LN2)
-    assert kl_penalty(log_probs, ref_log_probs, "abs").item() == pytest.approx(LN2)
+    assert kl_penalty(log_probs=log_probs, ref_log_probs=ref_log_probs, kind="kl").item() == pytest.approx(-LN2)
+    assert kl_penalty(log_probs=log_probs, ref_log_probs=ref_log_probs, kind="abs").item() == pytest.approx(LN2)
 
 
 def test_k3_is_clamped_at_ten():
-    assert kl_penalty(torch.tensor([0.0]), torch.tensor([30.0]), "low_var_kl").item() == 10.0
+    assert kl_penalty(log_probs=torch.tensor([0.0]), ref_log_probs=torch.tensor([30.0]),
+                      kind="low_var_kl").item() == 10.0
 
 
 def test_full_kl_over_the_vocabulary_accepts_logits():
@@ -41,9 +43,11 @@ def test_full_kl_over_the_vocabulary_accepts_logits():
     logits = torch.tensor([[[1.0, 1.0]]])
     ref_logits = torch.tensor([[[0.0, math.log(3)]]])
     expected = 0.5 * math.log(2) + 0.5 * math.log(2 / 3)
-    assert kl_penalty(logits, ref_logits, "full").item() == pytest.approx(expected, rel=1e-5)
+    assert kl_penalty(log_probs=logits, ref_log_probs=ref_logits, kind="full").item() == pytest.approx(
+        expected, rel=1e-5)
     log_probs = torch.log_softmax(logits, -1)
-    assert kl_penalty(log_probs, torch.log_softmax(ref_logits, -1), "full").item() == pytest.approx(expected, rel=1e-5)
+    assert kl_penalty(log_probs=log_probs, ref_log_probs=torch.log_softmax(ref_logits, -1),
+                      kind="full").item() == pytest.approx(expected, rel=1e-5)
 
 
 def test_every_estimator_is_zero_at_equal_inputs_and_k3_never_negative():
@@ -51,27 +55,27 @@ def test_every_estimator_is_zero_at_equal_inputs_and_k3_never_negative():
     log_probs = -torch.rand(64, 32, generator=generator) * 5
     for kind in kl_estimator_names():
         same = torch.randn(4, 8, 16, generator=generator) if kind == "full" else log_probs
-        assert torch.count_nonzero(kl_penalty(same, same.clone(), kind)) == 0, kind
+        assert torch.count_nonzero(kl_penalty(log_probs=same, ref_log_probs=same.clone(), kind=kind)) == 0, kind
     for scale in (1e-7, 1e-3, 1.0, 30.0):
         ref_log_probs = log_probs + torch.randn(64, 32, generator=generator) * scale
-        assert (kl_penalty(log_probs, ref_log_probs, "k3") >= 0).all()
+        assert (kl_penalty(log_probs=log_probs, ref_log_probs=ref_log_probs, kind="k3") >= 0).all()
 
 
 @pytest.mark.parametrize("kind", ["k1+", "low_var_kl+", "k3+", "abs+"])
 def test_straight_through_variants_take_the_value_of_the_estimator_and_the_gradient_of_k2(kind):
     log_probs = torch.tensor([0.3, -0.2], requires_grad=True)
     ref_log_probs = torch.tensor([-0.4, 0.1])
-    value = kl_penalty(log_probs, ref_log_probs, kind)
-    assert torch.allclose(value, kl_penalty(log_probs, ref_log_probs, kind[:-1]))
+    value = kl_penalty(log_probs=log_probs, ref_log_probs=ref_log_probs, kind=kind)
+    assert torch.allclose(value, kl_penalty(log_probs=log_probs, ref_log_probs=ref_log_probs, kind=kind[:-1]))
     value.sum().backward()
     assert torch.allclose(log_probs.grad, (log_probs - ref_log_probs).detach())
 
 
 def test_unknown_estimator_lists_valid_names():
     with pytest.raises(ValueError, match="Unknown KL estimator 'k4'.*low_var_kl"):
-        kl_penalty(torch.zeros(1), torch.zeros(1), "k4")
+        kl_penalty(log_probs=torch.zeros(1), ref_log_probs=torch.zeros(1), kind="k4")
     with pytest.raises(ValueError, match="Unknown KL estimator 'full\\+'"):
-        kl_penalty(torch.zeros(1, 1, 2), torch.zeros(1, 1, 2), "full+")
+        kl_penalty(log_probs=torch.zeros(1, 1, 2), ref_log_probs=torch.zeros(1, 1, 2), kind="full+")
 
 
 def test_adaptive_controller_follows_the_clipped_proportional_rule():
@@ -92,7 +96,8 @@ def test_apply_kl_penalty_subtracts_on_valid_tokens_and_reports_mean_kl():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
     ref_log_probs = torch.full((2, 3), -1.0)
     log_probs = torch.tensor([[-0.9, -0.9, -0.9], [-0.7, -0.7, 99.0]])  # KL 0.1 and 0.3, garbage in padding
-    rewards, metrics = apply_kl_penalty(scores, log_probs, ref_log_probs, mask, kl_coef=0.5, kind="kl")
+    rewards, metrics = apply_kl_penalty(token_level_scores=scores, log_probs=log_probs, ref_log_probs=ref_log_probs,
+                                        response_mask=mask, kl_coef=0.5, kind="kl")
     expected = torch.tensor([[-0.05, -0.05, 0.95], [-0.15, 0.85, 0.0]])
     assert torch.allclose(rewards, expected, atol=1e-6)
     assert metrics["kl"] == pytest.approx((0.1 + 0.3) / 2, abs=1e-6)

@@ -12,7 +12,8 @@ def inputs_from_log_ratios(log_ratios, advantages):
     """One sequence in float64 with old log-probs 0, so token t's ratio is exp(log_ratios[t])."""
     log_probs = torch.tensor([log_ratios], dtype=torch.float64, requires_grad=True)
     advantages = torch.tensor([advantages], dtype=torch.float64)
-    return PolicyLossInputs(torch.zeros_like(advantages), log_probs, advantages, torch.ones_like(advantages))
+    return PolicyLossInputs(old_log_probs=torch.zeros_like(advantages), log_probs=log_probs, advantages=advantages,
+                            response_mask=torch.ones_like(advantages))
 
 
 def inputs_from_ratios(ratios, advantages):
@@ -27,7 +28,7 @@ def test_registry_names_and_unknown():
 
 def test_vanilla_hand_computed_value_metrics_and_gradient():
     inputs = inputs_from_ratios([1.1, 1.3, 0.7, 0.9], [1.0, 1.0, -1.0, -1.0])
-    output = get_policy_loss_fn("vanilla")(inputs, ClipConfig(clip_ratio=0.2), "token-mean")
+    output = get_policy_loss_fn("vanilla")(inputs, ClipConfig(clip_ratio=0.2), loss_agg_mode="token-mean")
     # per token: -1.1; max(-1.3, -1.2) = -1.2 (clipped); max(0.7, 0.8) = 0.8 (clipped); 0.9
     assert output.loss.item() == pytest.approx((-1.1 - 1.2 + 0.8 + 0.9) / 4)
     assert output.clipfrac.item() == pytest.approx(0.5)
@@ -53,7 +54,7 @@ def test_vanilla_gradient_vanishes_only_beyond_the_blocking_bound(advantage, rat
         exact = ratio - 1 if advantage > 0 else 1 - ratio
         clip = ClipConfig(clip_ratio_high=exact, clip_ratio_low=exact)
     inputs = inputs_from_log_ratios([log_ratio], [advantage])
-    output = get_policy_loss_fn("vanilla")(inputs, clip, "token-mean")
+    output = get_policy_loss_fn("vanilla")(inputs, clip, loss_agg_mode="token-mean")
     output.loss.backward()
     assert output.loss.item() == pytest.approx(-advantage * (ratio if not clipped else bound))
     assert output.clipfrac.item() == (1.0 if clipped else 0.0)
@@ -63,7 +64,7 @@ def test_vanilla_gradient_vanishes_only_beyond_the_blocking_bound(advantage, rat
 def test_vanilla_does_not_clip_the_direction_that_reduces_the_objective():
     # A > 0 with a small ratio and A < 0 with a large ratio keep their gradient
     inputs = inputs_from_ratios([0.5, 1.5], [1.0, -1.0])
-    output = get_policy_loss_fn("vanilla")(inputs, ClipConfig(), "token-mean")
+    output = get_policy_loss_fn("vanilla")(inputs, ClipConfig(), loss_agg_mode="token-mean")
     output.loss.backward()
     assert output.clipfrac.item() == 0
     assert torch.allclose(inputs.log_probs.grad, torch.tensor([[-0.5 / 2, 1.5 / 2]], dtype=torch.float64))
@@ -71,14 +72,15 @@ def test_vanilla_does_not_clip_the_direction_that_reduces_the_objective():
 
 def test_clip_higher_is_asymmetric():
     clip = ClipConfig(clip_ratio=0.2, clip_ratio_high=0.28)
-    output = get_policy_loss_fn("vanilla")(inputs_from_ratios([1.25, 1.3, 0.75], [1.0, 1.0, -1.0]), clip, "token-mean")
+    output = get_policy_loss_fn("vanilla")(inputs_from_ratios([1.25, 1.3, 0.75], [1.0, 1.0, -1.0]), clip,
+                                           loss_agg_mode="token-mean")
     assert output.loss.item() == pytest.approx((-1.25 - 1.28 + 0.8) / 3)
     assert output.clipfrac.item() == pytest.approx(2 / 3)
 
 
 def test_dual_clip_caps_negative_advantage_loss():
     inputs = inputs_from_ratios([10.0, 2.0, 10.0], [-2.0, -2.0, 2.0])
-    output = get_policy_loss_fn("vanilla")(inputs, ClipConfig(clip_ratio_c=3.0), "seq-mean-token-sum")
+    output = get_policy_loss_fn("vanilla")(inputs, ClipConfig(clip_ratio_c=3.0), loss_agg_mode="seq-mean-token-sum")
     # token 0: max(20, 2.4) = 20 capped to 3·2 = 6; token 1: max(4, 2.4) = 4 < 6; token 2: max(-20, -2.4) = -2.4
     assert output.loss.item() == pytest.approx(6.0 + 4.0 - 2.4)
     assert output.clipfrac_lower.item() == pytest.approx(1 / 3)
@@ -101,9 +103,11 @@ def test_values_under_the_mask_change_nothing(name):
     advantages = torch.randn(2, 3, generator=generator)
     garbage = torch.tensor([[0.0, 0.0, 50.0], [0.0, 0.0, 0.0]])
     clip = ClipConfig()
-    clean = get_policy_loss_fn(name)(PolicyLossInputs(old, new, advantages, mask), clip, "token-mean")
-    noisy = get_policy_loss_fn(name)(PolicyLossInputs(old - garbage, new + garbage, advantages + garbage, mask),
-                                     clip, "token-mean")
+    clean = get_policy_loss_fn(name)(PolicyLossInputs(old_log_probs=old, log_probs=new, advantages=advantages,
+                                                      response_mask=mask), clip, loss_agg_mode="token-mean")
+    noisy = get_policy_loss_fn(name)(PolicyLossInputs(old_log_probs=old - garbage, log_probs=new + garbage,
+                                                      advantages=advantages + garbage, response_mask=mask),
+                                     clip, loss_agg_mode="token-mean")
     for field in ("loss", "clipfrac", "ppo_kl", "clipfrac_lower"):
         assert torch.allclose(getattr(clean, field), getattr(noisy, field))
 
@@ -113,7 +117,8 @@ def test_gspo_value_and_gradient_equal_the_sequence_level_objective():
     log_probs = torch.tensor([[0.02, -0.01, 0.05], [-0.03, 0.01, 7.0]], dtype=torch.float64, requires_grad=True)
     old = torch.zeros(2, 3, dtype=torch.float64)
     advantages = torch.tensor([[1.0] * 3, [-1.0] * 3], dtype=torch.float64)
-    output = get_policy_loss_fn("gspo")(PolicyLossInputs(old, log_probs, advantages, mask), ClipConfig(clip_ratio=0.2))
+    output = get_policy_loss_fn("gspo")(PolicyLossInputs(old_log_probs=old, log_probs=log_probs, advantages=advantages,
+                                                         response_mask=mask), ClipConfig(clip_ratio=0.2))
     output.loss.backward()
     s0, s1 = math.exp((0.02 - 0.01 + 0.05) / 3), math.exp((-0.03 + 0.01) / 2)
     # default aggregation seq-mean-token-mean: mean over sequences of -A_i · s_i
@@ -130,8 +135,9 @@ def test_gspo_clips_whole_sequences():
     log_probs = torch.tensor([[math.log(1.5) + 0.1, math.log(1.5) - 0.1], [0.1, -0.1]], dtype=torch.float64,
                              requires_grad=True)
     advantages = torch.ones(2, 2, dtype=torch.float64)
-    output = get_policy_loss_fn("gspo")(PolicyLossInputs(torch.zeros(2, 2, dtype=torch.float64), log_probs,
-                                                         advantages, mask), ClipConfig(clip_ratio=0.2))
+    inputs = PolicyLossInputs(old_log_probs=torch.zeros(2, 2, dtype=torch.float64), log_probs=log_probs,
+                              advantages=advantages, response_mask=mask)
+    output = get_policy_loss_fn("gspo")(inputs, ClipConfig(clip_ratio=0.2))
     output.loss.backward()
     assert output.clipfrac.item() == pytest.approx(0.5)
     assert output.loss.item() == pytest.approx((-1.2 - 1.0) / 2)

@@ -4,11 +4,14 @@ import importlib.util
 import subprocess
 import sys
 import types
+from types import SimpleNamespace
 
 import pytest
 import yaml
+from fixtures import corrupt_parquet, make_tiny_model_dir, rl_row
 
 from ember.cli import main
+from ember.data.parquet import write_parquet
 
 
 def fake_module(monkeypatch, name, **functions):
@@ -137,3 +140,70 @@ def test_describe_lists_keys_with_descriptions(capsys):
     assert main(["train", "--describe", "actor_rollout_ref.rollout.n"]) == 0
     assert capsys.readouterr().out == "actor_rollout_ref.rollout.n = 1  # responses sampled per prompt (the group size of GRPO)\n"
     assert main(["sft", "--describe", "nope"]) == 2
+
+
+# --- errors in what the user gave: exit 2, one message naming the key or path, no traceback -----------------
+
+
+@pytest.fixture(scope="module")
+def run_inputs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("inputs")
+    reward = root / "reward.py"
+    reward.write_text("def score(solution_str, ground_truth):\n    return 1.0\n\n\n"
+                      "def helper(text):\n    return text\n")
+    (root / "empty_folder").mkdir()
+    return SimpleNamespace(model=make_tiny_model_dir(root), reward=reward, empty=root / "empty_folder",
+                           train=write_parquet([rl_row(f"{i} + 1", str(i + 1)) for i in range(8)], root / "train.parquet"))
+
+
+def train_exit(capsys, inputs, run_dir, *overrides):
+    """`ember train` on the tiny inputs with `overrides` after them: (status, stderr)."""
+    status = main(["train", f"actor_rollout_ref.model.path={inputs.model}", f"data.train_files={inputs.train}",
+                   "data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4",
+                   f"trainer.default_local_dir={run_dir}", *overrides])
+    return status, capsys.readouterr().err
+
+
+TRAIN_ERRORS = {
+    "model_folder_without_config": (["actor_rollout_ref.model.path={empty}"],
+                                    "actor_rollout_ref.model.path={empty} holds no config.json"),
+    "model_path_is_a_file": (["actor_rollout_ref.model.path={reward}"],
+                             "actor_rollout_ref.model.path={reward} is a file, not a folder"),
+    "critic_folder_without_config": (["algorithm.adv_estimator=gae", "critic.model.path={empty}",
+                                      "critic.ppo_mini_batch_size=4"], "critic.model.path={empty} holds no config.json"),
+    "no_train_files": (["data.train_files=null"], "data.train_files is not set"),
+    "output_folder_under_a_file": (["trainer.default_local_dir={reward}/run"],
+                                   "trainer.default_local_dir={reward}/run cannot be created (Not a directory"),
+    "output_folder_is_a_file": (["trainer.default_local_dir={reward}"],
+                                "trainer.default_local_dir={reward} is a file, not a folder"),
+    "reward_function_not_in_its_file": (["custom_reward_function.path={reward}", "custom_reward_function.name=nope"],
+                                        "no function 'nope' in {reward} (functions defined there: ['helper', 'score'])"),
+    "required_section_removed": (["~actor_rollout_ref.actor"], "cannot remove actor_rollout_ref.actor: every run needs"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(TRAIN_ERRORS))
+def test_train_input_errors_exit_2_before_any_work(case, run_inputs, tmp_path, capsys):
+    overrides, expected = TRAIN_ERRORS[case]
+    paths = {"empty": run_inputs.empty, "reward": run_inputs.reward}
+    status, err = train_exit(capsys, run_inputs, tmp_path / "run", *(item.format(**paths) for item in overrides))
+    assert status == 2
+    assert err.startswith("error: ") and expected.format(**paths) in err and "Traceback" not in err
+    assert not (tmp_path / "run" / "config.yaml").exists()  # stopped before the run began
+
+
+@pytest.mark.parametrize("key", ["data.train_files", "data.val_files"])
+def test_train_names_an_unreadable_parquet_file(key, run_inputs, tmp_path, capsys):
+    broken = corrupt_parquet(write_parquet([rl_row(f"{i} + 2", str(i + 2)) for i in range(8)],
+                                           tmp_path / "broken.parquet"), "truncated")
+    status, err = train_exit(capsys, run_inputs, tmp_path / "run", f"{key}={broken}")
+    assert status == 2 and err.startswith(f"error: {broken} cannot be read as parquet") and "Traceback" not in err
+
+
+def test_export_of_a_missing_or_non_checkpoint_path_exits_2(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "nowhere"), str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == (f"error: checkpoint folder {tmp_path}/nowhere does not exist; pass a "
+                                       "global_step_N folder written by ember train or ember sft\n")
+    (tmp_path / "file").write_text("not a checkpoint")
+    assert main(["export", str(tmp_path / "file"), str(tmp_path / "out")]) == 2
+    assert f"error: {tmp_path}/file is not a checkpoint: it has no actor/ folder" in capsys.readouterr().err

@@ -4,7 +4,7 @@ import textwrap
 
 import pytest
 
-from ember.config import ConfigError, EmberConfig, config_to_dict, config_to_yaml, field_description, load_config
+from ember.config import ConfigError, EmberConfig, SFTConfig, config_to_dict, config_to_yaml, field_description, load_config
 from ember.config.schema.megatron import MegatronConfig
 
 
@@ -129,13 +129,22 @@ def test_plain_assignment_reaches_into_free_form_defaults():
     assert cfg.data.reward_fn == {"_target_": "my.fn", "scale": 2}
 
 
-def test_tilde_resets_a_schema_key_and_a_whole_section(tmp_path):
+def test_tilde_resets_a_schema_key_and_an_optional_section(tmp_path):
     write(tmp_path / "run.yaml", "actor_rollout_ref: {rollout: {n: 4, temperature: 0.7}}\n")
     cfg = load_config(["~actor_rollout_ref.rollout.n"], config_path=str(tmp_path), config_name="run")
     assert cfg.actor_rollout_ref.rollout.n == 1
     assert cfg.actor_rollout_ref.rollout.temperature == 0.7
-    cfg = load_config(["~actor_rollout_ref.rollout"], config_path=str(tmp_path), config_name="run")
-    assert cfg.actor_rollout_ref.rollout.temperature == 1.0
+    cfg = load_config(["model.megatron.tensor_model_parallel_size=2", "~model.megatron"], schema=SFTConfig)
+    assert cfg.model.megatron is None
+
+
+@pytest.mark.parametrize("section", ["actor_rollout_ref.actor", "actor_rollout_ref.rollout", "data"])
+def test_tilde_on_a_section_every_run_needs_names_it_instead_of_resetting_it(section, tmp_path):
+    write(tmp_path / "run.yaml", "actor_rollout_ref: {rollout: {n: 4, temperature: 0.7}}\n")
+    with pytest.raises(ConfigError, match=rf"^cannot remove {section}: every run needs this section; reset the keys "
+                                          rf"you changed one by one \(~{section}.KEY\)"):
+        load_config(["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=4", f"~{section}"],
+                    config_path=str(tmp_path), config_name="run")
 
 
 def test_hydra_settings_are_skipped():

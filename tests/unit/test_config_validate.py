@@ -22,7 +22,7 @@ def error_of(overrides):
     (f"{ACTOR}.optim.lr=fast", f"invalid value for {ACTOR}.optim.lr: 'fast' (expected a number)"),
     (f"{ROLLOUT}.name=vlm", f"invalid value for {ROLLOUT}.name: 'vlm' (expected one of: ember, hf, vllm, sglang)"),
     ("data.truncation=cut", "(expected one of: error, left, right, middle)"),
-    ("trainer.logger=['console','wandb']", "(expected a list of items that are each one of: console, tensorboard, jsonl; item 1 is 'wandb')"),
+    ("trainer.logger=['console','comet']", "(expected a list of items that are each one of: console, tensorboard, jsonl, wandb, mlflow; item 1 is 'comet')"),
     ("data.train_files={a: 1}", "invalid value for data.train_files: {'a': 1} (expected a string or a list of items that are each a string or null)"),
     ("data.reward_fn=[1]", "invalid value for data.reward_fn: [1] (expected a mapping)"),
     ("critic=null", "critic is a section; set its keys (critic.KEY=value), not None"),
@@ -154,3 +154,14 @@ def test_the_hf_rollout_refuses_an_actor_under_the_cpu_offload_policy():
     message = error_of(["actor_rollout_ref.rollout.name=hf", f"{ACTOR}.fsdp_config.offload_policy=True"])
     assert "rollout.name=hf" in message and "use actor_rollout_ref.rollout.name=ember" in message
     load_config(["actor_rollout_ref.rollout.name=ember", f"{ACTOR}.fsdp_config.offload_policy=True"])
+
+
+def test_every_loss_aggregation_mode_of_the_algorithms_is_accepted():
+    from typing import get_args
+
+    from ember.algorithms import LOSS_AGG_MODES
+    from ember.config.schema.actor import LossAggMode
+
+    assert get_args(LossAggMode) == LOSS_AGG_MODES
+    cfg = load_config([f"{ACTOR}.loss_agg_mode=token-sum"])
+    assert cfg.actor_rollout_ref.actor.loss_agg_mode == cfg.critic.loss_agg_mode == "token-sum"

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from fixtures import PARQUET_CORRUPTIONS, corrupt_parquet, make_tokenizer, rl_row
 
-from ember.data.parquet import DatasetError, read_parquet_rows, read_records, write_parquet
+from ember.data.parquet import DatasetError, read_parquet_rows, read_records, write_parquet, write_parquet_files
+from ember.data.rl_dataset import RLDataset
+from ember.data.sft_dataset import SFTDataset
 
 
 def test_parquet_rows_keep_file_row_and_column_order(tmp_path):
@@ -49,3 +53,59 @@ def test_write_parquet_refuses_no_rows_and_creates_folders(tmp_path):
     assert pq.read_table(path).to_pylist() == [{"x": 1}]
     with pytest.raises(DatasetError, match="no data files given"):
         read_parquet_rows([], required={})
+
+
+def varied_rows(form: str, count: int = 400) -> list[dict]:
+    """Rows of an RL or SFT file, varied enough that their text column is compressed in pages."""
+    questions = [f"What is {index} * {index * 7 % 13} plus the {index}th prime? " * 3 for index in range(count)]
+    if form == "rl":
+        return [rl_row(question, str(index)) for index, question in enumerate(questions)]
+    return [{"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": str(index)}]}
+            for index, question in enumerate(questions)]
+
+
+READERS = {"rl": lambda path: RLDataset(str(path), make_tokenizer()),
+           "sft": lambda path: SFTDataset(str(path), make_tokenizer(), max_length=512)}
+
+
+@pytest.mark.parametrize("form", sorted(READERS))
+@pytest.mark.parametrize("corruption", PARQUET_CORRUPTIONS)
+def test_an_unreadable_parquet_file_is_a_dataset_error_naming_it(corruption, form, tmp_path):
+    path = write_parquet(varied_rows(form), tmp_path / f"{form}.parquet")
+    READERS[form](path)  # readable before
+    corrupt_parquet(path, corruption)
+    with pytest.raises((pa.ArrowException, OSError)):  # pyarrow itself fails on it, without naming the file
+        pq.read_table(path)
+    with pytest.raises(DatasetError, match=rf"^{path} cannot be read as parquet \(.+\): the file is empty, cut short, "
+                                           r"corrupt or not parquet at all; write it again \(`ember preprocess`"):
+        READERS[form](path)
+
+
+def test_records_must_exist_be_utf8_and_hold_rows(tmp_path):
+    with pytest.raises(DatasetError, match=r"input file not found: .*nowhere.jsonl; give --input"):
+        read_records(tmp_path / "nowhere.jsonl", {})
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(DatasetError, match=r"empty.jsonl holds no rows; give a file with at least one record \(question\)"):
+        read_records(empty, {"question": None})
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes('{"question": "caf\u00e9"}\n'.encode("latin-1"))
+    with pytest.raises(DatasetError, match=r"latin.jsonl is not UTF-8 text"):
+        read_records(latin, {"question": None})
+
+
+def test_files_are_written_as_a_set_and_a_failure_leaves_the_old_ones(tmp_path):
+    old = write_parquet([{"x": "old"}], tmp_path / "out" / "train.parquet")
+    old_bytes = old.read_bytes()
+    (tmp_path / "blocker").write_text("a file, so no folder can be made under it")
+    with pytest.raises(DatasetError, match=r"cannot create the output folder .*blocker/sub"):
+        write_parquet_files({old: [{"x": "new"}], tmp_path / "blocker" / "sub" / "test.parquet": [{"x": "new"}]})
+    assert old.read_bytes() == old_bytes
+    assert sorted(path.name for path in old.parent.iterdir()) == ["train.parquet"]  # no temporary left
+    with pytest.raises(DatasetError, match="refusing to write .*test.parquet: no rows"):
+        write_parquet_files({old: [{"x": "new"}], tmp_path / "out" / "test.parquet": []})
+    assert old.read_bytes() == old_bytes
+
+    written = write_parquet_files({old: [{"x": "new"}], tmp_path / "out" / "test.parquet": [{"x": "t"}]})
+    assert [pq.read_table(path).to_pylist() for path in written] == [[{"x": "new"}], [{"x": "t"}]]
+    assert sorted(path.name for path in old.parent.iterdir()) == ["test.parquet", "train.parquet"]

@@ -145,7 +145,7 @@ def test_reward_fn_key_selects_the_data_source_column_and_files_concatenate(tmp_
 
 
 def test_missing_file_and_all_filtered_are_errors(tmp_path, prompts_file):
-    with pytest.raises(FileNotFoundError, match="nothere.parquet"):
+    with pytest.raises(DatasetError, match="data file not found: .*nothere.parquet"):
         RLDataset(str(tmp_path / "nothere.parquet"), make_tokenizer())
     with pytest.raises(DatasetError, match="no prompts left"):
         RLDataset(prompts_file, make_tokenizer(), max_prompt_length=3)

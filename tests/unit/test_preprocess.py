@@ -5,11 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
 from fixtures import make_tokenizer
 
+from ember.cli import main
 from ember.data.parquet import DatasetError, write_parquet
 from ember.data.preprocess import command
 from ember.data.preprocess.chat import preprocess_chat
@@ -93,7 +96,7 @@ def test_gsm8k_hugging_face_shards_and_single_file(tmp_path):
     single = write_jsonl(tmp_path / "mine.jsonl", [THOUSAND])
     written = preprocess_gsm8k(single, tmp_path / "single", split="test")
     assert pq.read_table(written["test"]).to_pylist()[0]["extra_info"]["split"] == "test"
-    with pytest.raises(ValueError, match="--split train or --split test"):
+    with pytest.raises(DatasetError, match="--split train or --split test"):
         preprocess_gsm8k(single, tmp_path / "single")
 
 
@@ -107,7 +110,7 @@ def test_gsm8k_row_without_final_answer_is_an_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DatasetError, match="holds no GSM8K split files"):
         preprocess_gsm8k(tmp_path / "empty", tmp_path / "out")
-    with pytest.raises(FileNotFoundError, match="GSM8K input not found"):
+    with pytest.raises(DatasetError, match="GSM8K input not found"):
         preprocess_gsm8k(tmp_path / "nowhere", tmp_path / "out")
 
 
@@ -173,3 +176,70 @@ def test_synthetic_recipe_writes_rl_and_sft_files_the_datasets_read(tmp_path, ca
     worked = train[0].extra_info["answer"]
     assert tokenizer.decode([t for t, m in zip(sft[0].input_ids, sft[0].loss_mask) if m]) == worked + "<|im_end|>"
     assert sft_row_from_rl_row(make_arithmetic_rows("add2", 1, seed=5)[0])["messages"][1]["content"] == worked
+
+
+def _preprocess_error_case(case, tmp_path):
+    """(arguments of `ember preprocess gsm8k`, text the error must hold) for one kind of bad input."""
+    good = json.dumps(NATALIA) + "\n"
+    files = {"broken_json_line": (good + '{"question": "q", "answer": \n', "broken.jsonl, row 1: not valid JSON"),
+             "answer_without_marker": (json.dumps({"question": "q", "answer": "42"}) + "\n",
+                                       "answer_without_marker.jsonl, row 0, column 'answer': no final answer after '####'"),
+             "empty_file": ("", "empty_file.jsonl holds no rows"),
+             "wrong_columns": (json.dumps({"prompt": "q", "answer": "#### 1"}) + "\n",
+                               "wrong_columns.jsonl, row 0, column 'question': missing (keys present: prompt, answer)")}
+    if case in files:
+        text, expected = files[case]
+        name = "broken.jsonl" if case == "broken_json_line" else f"{case}.jsonl"
+        (tmp_path / name).write_text(text)
+        return ["--input", str(tmp_path / name), "--split", "train"], expected
+    if case == "missing_input":
+        return ["--input", str(tmp_path / "nowhere")], f"GSM8K input not found: {tmp_path}/nowhere"
+    if case == "folder_without_splits":
+        (tmp_path / "notes").mkdir()
+        return ["--input", str(tmp_path / "notes")], f"{tmp_path}/notes holds no GSM8K split files"
+    if case == "split_with_a_folder":
+        write_jsonl(tmp_path / "train.jsonl", [NATALIA])
+        return (["--input", str(tmp_path), "--split", "test"],
+                f"--split applies to a single input file, but {tmp_path} is a folder")
+    assert case == "file_without_split"
+    write_jsonl(tmp_path / "one.jsonl", [NATALIA])
+    return (["--input", str(tmp_path / "one.jsonl")],
+            f"give --split train or --split test for the single input file {tmp_path}/one.jsonl")
+
+
+PREPROCESS_ERRORS = ("broken_json_line", "answer_without_marker", "empty_file", "wrong_columns", "missing_input",
+                     "folder_without_splits", "split_with_a_folder", "file_without_split")
+
+
+@pytest.mark.parametrize("case", PREPROCESS_ERRORS)
+def test_preprocess_input_errors_exit_2_with_one_message(case, tmp_path, capsys):
+    arguments, expected = _preprocess_error_case(case, tmp_path)
+    assert main(["preprocess", "gsm8k", *arguments, "--output-dir", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("error: ") and expected in captured.err and captured.err.count("\n") == 1
+    assert "Traceback" not in captured.err and captured.out == ""
+    assert not (tmp_path / "out").exists()
+
+
+def test_preprocess_error_in_a_process_has_no_traceback(tmp_path):
+    arguments, expected = _preprocess_error_case("answer_without_marker", tmp_path)
+    result = subprocess.run([sys.executable, "-m", "ember", "preprocess", "gsm8k", *arguments, "--output-dir",
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and expected in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_failing_split_leaves_the_earlier_output_untouched(tmp_path, capsys):
+    source, out = tmp_path / "gsm8k", tmp_path / "out"
+    source.mkdir()
+    write_jsonl(source / "train.jsonl", [NATALIA])
+    write_jsonl(source / "test.jsonl", [THOUSAND])
+    assert main(["preprocess", "gsm8k", "--input", str(source), "--output-dir", str(out)]) == 0
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    assert sorted(before) == ["test.parquet", "train.parquet"]
+
+    write_jsonl(source / "train.jsonl", [THOUSAND, NATALIA])  # a new train split that would convert
+    write_jsonl(source / "test.jsonl", [{"question": "q", "answer": "no marker"}])  # and a test split that cannot
+    assert main(["preprocess", "gsm8k", "--input", str(source), "--output-dir", str(out)]) == 2
+    assert "test.jsonl, row 0, column 'answer'" in capsys.readouterr().err
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before  # old files, no temporaries

@@ -4,7 +4,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from ember.rewards import arithmetic, gsm8k
+from ember.rewards import RewardItem, arithmetic, gsm8k, resolve_reward_fn
 from ember.rewards import math as math_reward
 from ember.rewards.contract import RewardConfigError
 from ember.rewards.extraction import (
@@ -70,42 +70,58 @@ def test_last_answer_line():
     assert last_answer_line("nothing") is None
 
 
+# (response, ground truth, method, verl's score, ember's normalised score): verl 0.9's
+# gsm8k.compute_score gives the first number (worked out from its code by hand), and ember's
+# default must give the same; normalize=True gives the second.
+GSM8K_CASES = [
+    ("12 + 30 = 42\n#### 42", "42", "strict", 1.0, 1.0),
+    ("#### 41\nwait, no\n#### 42", "42", "strict", 1.0, 1.0),
+    ("#### 1,234", "1234", "strict", 1.0, 1.0),  # verl drops the commas of a marked answer
+    ("#### -3", "-3", "strict", 1.0, 1.0),
+    ("#### 3", "-3", "strict", 0.0, 0.0),
+    ("#### $1,234.00", "1234", "strict", 0.0, 1.0),  # verl: "$" right after "#### " is no answer
+    ("#### 1234", "1,234", "strict", 0.0, 1.0),  # verl compares with the ground truth as stored
+    ("#### 18.00", "18", "strict", 0.0, 1.0),
+    ("#### 5.", "5", "strict", 0.0, 1.0),
+    ("####72", "72", "strict", 0.0, 1.0),  # verl needs the space
+    ("so \\boxed{1,000}", "1000", "strict", 0.0, 1.0),  # verl knows no \boxed
+    ("#### 72", "48 + 24 = <<48+24=72>>72\n#### 72", "strict", 0.0, 1.0),  # full solution as ground truth
+    ("#### 42", 42, "strict", 0.0, 1.0),  # verl: the string "42" is not the integer 42
+    ("She pays 3 * 6 = 18 dollars.", "18", "strict", 0.0, 0.0),
+    ("She pays 3 * 6 = 18 dollars.", "18", "flexible", 1.0, 1.0),
+    ("so \\boxed{1,000} dollars for 2 days", "1000", "flexible", 0.0, 1.0),  # verl: the last number, 2
+    ("#### 42 (that is 40 + 2)", "42", "flexible", 0.0, 1.0),  # ember prefers the marked answer
+    ("The total is 1,250.", "1250", "flexible", 0.0, 1.0),  # verl keeps "1,250." as written
+    ("read pages 3-4", "4", "flexible", 0.0, 1.0),  # verl reads "-4"
+    ("#### 42" + "x" * 300, "42", "strict", 0.0, 0.0),  # both read the last 300 characters only
+    ("#### 42" + "x" * 300, "42", "flexible", 0.0, 1.0),  # verl's flexible too; ember's looks everywhere
+]
+
+
 class TestGsm8k:
-    def test_strict_takes_the_last_hash_marker(self):
-        assert gsm8k.compute_score("12 + 30 = 42\n#### 42", "42") == 1.0
-        assert gsm8k.compute_score("#### 41\nwait, no\n#### 42", "42") == 1.0
+    @pytest.mark.parametrize("response, ground_truth, method, verl_score, normalised_score", GSM8K_CASES)
+    def test_default_scores_as_verl_and_normalize_as_ember(self, response, ground_truth, method, verl_score,
+                                                          normalised_score):
+        assert gsm8k.compute_score(response, ground_truth, method=method) == verl_score
+        assert gsm8k.compute_score(response, ground_truth, method=method, normalize=True) == normalised_score
 
-    def test_normalises_both_sides(self):
-        assert gsm8k.compute_score("#### $1,234.00", "1234") == 1.0
-        assert gsm8k.compute_score("#### 1234", "1,234") == 1.0
-        assert gsm8k.compute_score("#### 5.", "5") == 1.0
-        assert gsm8k.compute_score("#### -3", "-3") == 1.0
-        assert gsm8k.compute_score("#### 3", "-3") == 0.0
-
-    def test_boxed_is_accepted_by_both_methods(self):
-        assert gsm8k.compute_score("so \\boxed{1,000}", "1000", method="strict") == 1.0
-        assert gsm8k.compute_score("so \\boxed{1,000} dollars for 2 days", "1000", method="flexible") == 1.0
-
-    def test_strict_needs_a_marker_flexible_takes_the_last_number(self):
-        text = "She pays 3 * 6 = 18 dollars."
-        assert gsm8k.compute_score(text, "18", method="strict") == 0.0
-        assert gsm8k.compute_score(text, "18", method="flexible") == 1.0
-
-    def test_strict_reads_only_the_last_300_characters(self):
-        answer_then_padding = "#### 42" + "x" * gsm8k.STRICT_TAIL_CHARS
-        assert gsm8k.compute_score(answer_then_padding, "42", method="strict") == 0.0
-        assert gsm8k.compute_score(answer_then_padding, "42", method="flexible") == 1.0
-
-    def test_flexible_prefers_a_marked_answer_over_a_later_number(self):
-        assert gsm8k.compute_score("#### 42 (that is 40 + 2)", "42", method="flexible") == 1.0
+    def test_verl_flexible_answer_of_only_dots_is_a_wrong_answer_not_none(self):
+        # verl's loop over the matches ends on a lone "." when nothing else matched
+        assert gsm8k.extract_answer("Done . .", "flexible") == "."
+        assert gsm8k.compute_score("Done . .", "42", method="flexible", format_score=0.1) == 0.1
+        assert gsm8k.compute_score("Done . .", "42", method="flexible", format_score=0.1, normalize=True) == 0.0
 
     def test_wrong_answer_earns_format_score_and_no_answer_earns_zero(self):
-        assert gsm8k.compute_score("#### 41", "42", format_score=0.1) == 0.1
-        assert gsm8k.compute_score("I don't know", "42", format_score=0.1) == 0.0
-        assert gsm8k.compute_score("#### 42", "42", score=2.0) == 2.0
+        for normalize in (False, True):
+            assert gsm8k.compute_score("#### 41", "42", format_score=0.1, normalize=normalize) == 0.1
+            assert gsm8k.compute_score("I don't know", "42", format_score=0.1, normalize=normalize) == 0.0
+            assert gsm8k.compute_score("#### 42", "42", score=2.0, normalize=normalize) == 2.0
+        assert gsm8k.compute_score("#### $41", "42", format_score=0.1) == 0.0  # verl finds no answer
+        assert gsm8k.compute_score("#### $41", "42", format_score=0.1, normalize=True) == 0.1
 
-    def test_full_gsm8k_solution_as_ground_truth_gives_its_final_number(self):
-        assert gsm8k.compute_score("#### 72", "48 + 24 = <<48+24=72>>72\n#### 72") == 1.0
+    def test_normalize_is_settable_from_the_config(self):
+        spec = resolve_reward_fn(target_spec={"_target_": "ember.rewards.gsm8k.compute_score", "normalize": True})
+        assert spec.load()(RewardItem("openai/gsm8k", "#### $1,234.00", "1234")) == 1.0
 
     def test_unknown_method_is_an_error(self):
         with pytest.raises(ValueError, match="strict"):

@@ -13,7 +13,7 @@ from ember.config.schema.fsdp import FSDPConfig
 from ember.config.schema.megatron import MegatronConfig
 from ember.config.schema.optim import OptimConfig
 
-LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+LossAggMode = Literal["token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 PolicyLossMode = Literal["vanilla", "gspo", "gpg", "clip_cov", "kl_cov", "geo_mean"]
 KLEstimator = Literal["kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full",
                       "kl+", "k1+", "abs+", "mse+", "k2+", "low_var_kl+", "k3+"]

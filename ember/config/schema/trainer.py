@@ -9,7 +9,10 @@ from typing import Literal
 
 from ember.config.schema.base import field_, section
 
-LoggerName = Literal["console", "tensorboard", "jsonl"]
+LoggerName = Literal["console", "tensorboard", "jsonl", "wandb", "mlflow"]
+# Loggers whose package is an optional extra of ember, installed with `pip install 'ember[NAME]'`
+# (NAME is also the package's import name); naming one that is not installed fails at load time.
+LOGGERS_FROM_EXTRAS = ("wandb", "mlflow")
 ResumeMode = Literal["auto", "disable", "resume_path"]
 DeviceName = Literal["auto", "cuda", "npu", "cpu"]
 
@@ -21,7 +24,7 @@ class RunConfig:
     project_name: str = field_("ember", "project the run belongs to (names the checkpoint folder and loggers)")
     experiment_name: str = field_("default", "name of this run within the project")
     logger: list[LoggerName] = field_(
-        ["console"], "metric sinks: console, tensorboard, jsonl (a metrics.jsonl file is always written)")
+        ["console"], "metric sinks: console, tensorboard, jsonl, wandb, mlflow (a metrics.jsonl file is always written)")
     nnodes: int = field_(1, "machines in the run")
     n_gpus_per_node: int = field_(1, "GPUs used on each machine")
     device: DeviceName = field_("auto", "device type: auto = the machine's accelerator, else cpu")

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ember.data.parquet import DatasetError, SourceRow, read_records, write_parquet
+from ember.data.parquet import DatasetError, SourceRow, read_records, write_parquet_files
 
 GSM8K_DATA_SOURCE = "openai/gsm8k"
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -68,21 +68,25 @@ def find_split_files(directory: Path) -> dict[str, list[Path]]:
 def preprocess_gsm8k(
     input_path: str | os.PathLike, output_dir: str | os.PathLike, split: str | None = None
 ) -> dict[str, Path]:
-    """Convert a GSM8K folder (every split in it) or one file (of `split`) to `<split>.parquet` in `output_dir`."""
+    """Convert a GSM8K folder (every split in it) or one file (of `split`) to `<split>.parquet` in `output_dir`.
+
+    Every split is converted before any is written, and they are written as a set, so a bad row
+    in one split leaves the files of an earlier run untouched rather than mixing the two."""
     input_path = Path(input_path)
     if not input_path.exists():
-        raise FileNotFoundError(f"GSM8K input not found: {input_path}; give --input a folder or a .jsonl/.parquet file")
+        raise DatasetError(f"GSM8K input not found: {input_path}; give --input a folder or a .jsonl/.parquet file")
     if input_path.is_dir():
         if split is not None:
-            raise ValueError("--split applies to a single input file; a folder is converted split by split")
+            raise DatasetError(f"--split applies to a single input file, but {input_path} is a folder, converted "
+                               "split by split; leave --split out")
         split_files = find_split_files(input_path)
     else:
         if split not in GSM8K_SPLITS:
-            raise ValueError(f"give --split train or --split test for the single input file {input_path}")
+            raise DatasetError(f"give --split train or --split test for the single input file {input_path}")
         split_files = {split: [input_path]}
-    written = {}
+    outputs = {}
     for split_name, files in split_files.items():
         records = [row for path in files for row in read_records(path, {"question": None, "answer": None})]
-        rows = [gsm8k_rl_row(row, split_name, index) for index, row in enumerate(records)]
-        written[split_name] = write_parquet(rows, Path(output_dir) / f"{split_name}.parquet")
-    return written
+        outputs[split_name] = [gsm8k_rl_row(row, split_name, index) for index, row in enumerate(records)]
+    paths = write_parquet_files({Path(output_dir) / f"{name}.parquet": rows for name, rows in outputs.items()})
+    return dict(zip(outputs, paths))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ember.data.parquet import write_parquet
+from ember.data.parquet import DatasetError, write_parquet_files
 
 ARITHMETIC_TASKS = ("add2", "add3", "mul2x1", "word")
 ARITHMETIC_INSTRUCTION = "Give the final answer after ####."
@@ -68,7 +68,7 @@ def draw_problem(task: str, rng: random.Random, digits: int) -> ArithmeticProble
 def make_arithmetic_problems(task: str, count: int, seed: int, digits: int = 2) -> list[ArithmeticProblem]:
     """`count` problems of `task` with distinct expressions, the same for the same arguments."""
     if digits < 1:
-        raise ValueError(f"digits must be at least 1, got {digits}")
+        raise DatasetError(f"--digits must be at least 1, got {digits}")
     rng = random.Random(seed)
     problems: dict[str, ArithmeticProblem] = {}
     for _ in range(20 * count + 1000):
@@ -77,7 +77,7 @@ def make_arithmetic_problems(task: str, count: int, seed: int, digits: int = 2) 
         problem = draw_problem(task, rng, digits)
         problems.setdefault(problem.expression, problem)
     if len(problems) < count:
-        raise ValueError(
+        raise DatasetError(
             f"task {task!r} with {digits} digits has too few distinct problems for {count}; "
             "lower --train-size / --test-size or raise --digits"
         )
@@ -131,11 +131,10 @@ def write_synthetic(
     seed: int = 0,
     digits: int = 2,
 ) -> dict[str, Path]:
-    """Write `train.parquet`, `test.parquet` (RL rows) and `sft.parquet` (worked train answers) to `output_dir`."""
+    """Write `train.parquet`, `test.parquet` (RL rows) and `sft.parquet` (worked train answers) to
+    `output_dir`, as a set (all three or none)."""
     splits = make_arithmetic_splits(task, train_size, test_size, seed, digits)
-    output_dir = Path(output_dir)
-    return {
-        "train": write_parquet(splits["train"], output_dir / "train.parquet"),
-        "test": write_parquet(splits["test"], output_dir / "test.parquet"),
-        "sft": write_parquet([sft_row_from_rl_row(row) for row in splits["train"]], output_dir / "sft.parquet"),
-    }
+    outputs = {"train": splits["train"], "test": splits["test"],
+               "sft": [sft_row_from_rl_row(row) for row in splits["train"]]}
+    paths = write_parquet_files({Path(output_dir) / f"{name}.parquet": rows for name, rows in outputs.items()})
+    return dict(zip(outputs, paths))
