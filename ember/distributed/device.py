@@ -13,6 +13,7 @@ FSDP2 code path runs everywhere.
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -62,11 +63,12 @@ def current_device() -> torch.device:
     return torch.device(kind, local_rank())
 
 
-def init_distributed() -> None:
+def init_distributed(timeout_s: float | None = None) -> None:
     """Join the process group described by torchrun's variables, or make a one-rank group.
 
     Idempotent: a second call (another engine in the same process) does nothing. Also binds
-    this process to its local accelerator.
+    this process to its local accelerator. `timeout_s`: how long a collective may wait for the
+    other ranks before failing (torch's default, 10 minutes, when None).
     """
     if dist.is_initialized():
         return
@@ -74,10 +76,11 @@ def init_distributed() -> None:
     if device.type != "cpu":
         torch.accelerator.set_device_index(device.index)
     bound_device = None if device.type == "cpu" else device  # lets collectives know their device up front
+    options = dict(device_id=bound_device, **({"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend(), init_method="env://", device_id=bound_device)
+        dist.init_process_group(backend(), init_method="env://", **options)
     else:
-        dist.init_process_group(backend(), store=dist.HashStore(), rank=0, world_size=1, device_id=bound_device)
+        dist.init_process_group(backend(), store=dist.HashStore(), rank=0, world_size=1, **options)
 
 
 def shutdown_distributed() -> None:

@@ -167,8 +167,8 @@ class RayWorkerGroup:
         except ray.exceptions.RayTaskError as error:
             raise WorkerError(f"{self.name} rank {rank} failed in {method}:\n{error}") from None
         except ray.exceptions.RayActorError as error:
-            raise WorkerError(f"{self.name} rank {rank}: its worker process died during {method} ({type(error).__name__}); "
-                              "the last checkpoint stays loadable: rerun with trainer.resume_mode=auto") from None
+            raise WorkerError(f"{self.name} rank {rank}: its worker process died during {method} "
+                              f"({type(error).__name__})") from None
 
     def shutdown(self) -> None:
         import ray

@@ -23,7 +23,8 @@ class RankWorker:
         from ember.trainer.rl_setup import build_rank_roles, use_configured_device
 
         use_configured_device(cfg.trainer.device)
-        init_distributed()  # this rank's process group (a one-rank group in the driver's process)
+        # this rank's process group (a one-rank group in the driver's process)
+        init_distributed(timeout_s=cfg.actor_rollout_ref.nccl_timeout)
         self.roles = build_rank_roles(cfg, tuple(roles), total_steps)
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:

@@ -15,8 +15,8 @@ from ember.distributed.device import init_distributed
 class SumWorker:
     """Joins its pool's process group on build; sums a number over the ranks."""
 
-    def __init__(self, offset: int):
-        init_distributed()
+    def __init__(self, offset: int, timeout_s: float | None = None):
+        init_distributed(timeout_s)
         self.offset = offset
 
     def rank_and_world(self) -> tuple[int, int, str]:
@@ -40,3 +40,9 @@ class SumWorker:
         if dist.get_rank() == rank:
             os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(5)
+
+    def all_reduce_without(self, rank: int) -> float:
+        """An all-reduce that `rank` never joins: the others wait until the collective times out."""
+        if dist.get_rank() == rank:
+            return 0.0
+        return self.all_reduce(1.0)

@@ -62,3 +62,28 @@ def test_a_checkpoint_of_two_ranks_resumes_on_one(inputs, tmp_path, local_ray):
     resumed = train(run_overrides(inputs, run_dir, *common, "trainer.total_training_steps=3"))
     assert resumed.step == 3
     assert 3 in metrics_by_step(run_dir)
+
+
+def test_a_worker_that_dies_fails_the_step_naming_it_and_the_run_resumes(inputs, tmp_path, local_ray):
+    from ember.distributed.worker_group import WorkerError
+
+    run_dir = tmp_path / "run"
+    common = ["trainer.val_before_train=False", "trainer.save_freq=1", "trainer.total_training_steps=3", *TWO_RANKS]
+    trainer = build_trainer(run_overrides(inputs, run_dir, *common))
+    train_step = trainer.train_step
+
+    def kill_rank_one_after_the_first_step(prompts):
+        if trainer.step == 2:
+            local_ray.kill(trainer.parts.actor.group._hosts[1])
+        return train_step(prompts)
+
+    trainer.train_step = kill_rank_one_after_the_first_step
+    try:
+        with pytest.raises(WorkerError, match=r"step 2: global rank 1: its worker process died") as error:
+            trainer.fit()
+        assert "trainer.resume_mode=auto" in str(error.value)
+    finally:
+        close(trainer)
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [1]
+    resumed = train(run_overrides(inputs, run_dir, *common))
+    assert resumed.step == 3 and {2, 3} <= set(metrics_by_step(run_dir))

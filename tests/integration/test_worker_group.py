@@ -61,6 +61,18 @@ def test_a_worker_process_that_dies_fails_the_call_naming_its_rank(local_ray):
         group.shutdown()
 
 
+def test_a_collective_a_rank_never_joins_fails_after_the_timeout(local_ray):
+    from group_workers import SumWorker
+
+    group = RayWorkerGroup(Pool("train", 2, 1), SumWorker, 0, 3.0, options=CPU_WORKERS)
+    try:
+        with pytest.raises(WorkerError) as error:
+            group.run_all("all_reduce_without", 1)
+        assert "train rank 0 failed in all_reduce_without" in str(error.value)
+    finally:
+        group.shutdown()
+
+
 def test_the_local_group_is_the_same_surface_in_process():
     class Echo:
         def twice(self, value):

@@ -26,6 +26,8 @@ class ActorRolloutRefConfig:
     """The policy in its three roles: trained (actor), generating (rollout) and frozen (ref)."""
 
     hybrid_engine: bool = field_(True, "actor and rollout share the GPUs and the weights are synced in place")
+    nccl_timeout: int = field_(600, "seconds a collective (NCCL, or gloo on CPU) may wait before the run fails "
+                                    "naming the role and step: a hung rank")
     model: ModelConfig = section(ModelConfig, "the policy model shared by the three roles")
     actor: ActorConfig = section(ActorConfig, "the trained policy")
     ref: RefConfig = section(RefConfig, "the frozen reference policy for the KL term")
