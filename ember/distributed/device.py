@@ -116,3 +116,13 @@ def empty_cache() -> None:
     """Return cached device memory to the driver (after offloading); no-op on CPU."""
     if device_type() != "cpu":
         torch.accelerator.empty_cache()
+
+
+def peak_memory_bytes() -> int:
+    """The most memory this process has held: allocated device memory on an accelerator, the
+    resident set size on the CPU."""
+    if device_type() == "cpu":
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+    return torch.accelerator.max_memory_allocated()

@@ -9,11 +9,12 @@ beside the actor: it syncs from the actor's engine in the same process), "refere
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ember.config.schema import EmberConfig
-from ember.distributed.device import init_distributed
+from ember.distributed.device import init_distributed, peak_memory_bytes
 
 
 class RankWorker:
@@ -29,3 +30,9 @@ class RankWorker:
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.roles[role], method)(*args, **kwargs)
+
+    def call_measured(self, role: str, method: str, *args: Any, **kwargs: Any) -> tuple[Any, float, int]:
+        """`call`, with the seconds it took on this rank and this process's peak memory after it."""
+        start = time.perf_counter()
+        result = self.call(role, method, *args, **kwargs)
+        return result, time.perf_counter() - start, peak_memory_bytes()

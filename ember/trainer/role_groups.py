@@ -10,6 +10,7 @@ reduced over ranks. The rollout splits prompts the same way and renumbers the sa
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -42,15 +43,40 @@ class RoleGroup:
     def _run_all(self, method: str, *args: Any) -> list[Any]:
         return self._start_all(method, *args).wait()
 
-    def _start_split(self, method: str, batch: Batch, *args: Any) -> Pending:
-        """`method(share, *args)` on each rank with its contiguous share of `batch`."""
+    def _start_split(self, method: str, batch: Batch, *args: Any, measured: bool = False) -> Pending:
+        """`method(share, *args)` on each rank with its contiguous share of `batch` (`measured`: each
+        rank's result comes with its seconds and peak memory, see `RankWorker.call_measured`)."""
         if len(batch) % self.dp_size:
             raise ValueError(f"{self.role}.{method}: a batch of {len(batch)} samples does not split evenly over "
                              f"{self.dp_size} data-parallel ranks")
         size = len(batch) // self.dp_size
         shares = [batch.select(range(start, start + size)) if self.dp_size > 1 else batch
                   for start in range(0, len(batch), size)]
-        return self.group.start_each("call", [((self.role, method, share, *args), {}) for share in shares])
+        call = "call_measured" if measured else "call"
+        return self.group.start_each(call, [((self.role, method, share, *args), {}) for share in shares])
+
+
+class TrainedRoleGroup(RoleGroup):
+    """A role that updates its weights (actor, critic)."""
+
+    def start_update(self, batch: Batch, step: int) -> Pending:
+        """The update on every rank; its metrics (reduced over ranks by the engine) with, per role, the
+        slowest and fastest rank's seconds and the largest peak memory of any rank."""
+        pending = self._start_split("update", batch, step, measured=True)
+
+        def joined() -> dict[str, float]:
+            results = pending.wait()
+            seconds = [result[1] for result in results]
+            metrics = dict(results[0][0])
+            metrics.update({f"perf/{self.role}/update_seconds_max_rank": max(seconds),
+                            f"perf/{self.role}/update_seconds_min_rank": min(seconds),
+                            f"perf/{self.role}/peak_memory_gb": max(result[2] for result in results) / 2**30})
+            return metrics
+
+        return Pending(joined)
+
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        return self.start_update(batch, step).wait()
 
     def save(self, path: str) -> None:
         self._run_all("save", path)
@@ -63,7 +89,7 @@ class RoleGroup:
         self._run_all("load", path)
 
 
-class ActorGroup(RoleGroup):
+class ActorGroup(TrainedRoleGroup):
     def __init__(self, group, mini_batch_samples: int, ppo_epochs: int):
         super().__init__(group, "actor")
         self.mini_batch_samples = mini_batch_samples  # the whole mini-batch: ppo_mini_batch_size × rollout.n
@@ -75,13 +101,6 @@ class ActorGroup(RoleGroup):
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         return torch.cat(self._start_split("compute_log_probs", batch).wait())
-
-    def start_update(self, batch: Batch, step: int) -> Pending:
-        pending = self._start_split("update", batch, step)
-        return Pending(lambda: pending.wait()[0])
-
-    def update(self, batch: Batch, step: int) -> dict[str, float]:
-        return self.start_update(batch, step).wait()
 
     def export_hf(self, out_dir: str, tokenizer=None) -> None:
         self._run_all("export_hf", out_dir, tokenizer)
@@ -95,19 +114,12 @@ class ReferenceGroup(RoleGroup):
         return torch.cat(self._start_split("compute_log_probs", batch).wait())
 
 
-class CriticGroup(RoleGroup):
+class CriticGroup(TrainedRoleGroup):
     def __init__(self, group):
         super().__init__(group, "critic")
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
         return torch.cat(self._start_split("compute_values", batch).wait())
-
-    def start_update(self, batch: Batch, step: int) -> Pending:
-        pending = self._start_split("update", batch, step)
-        return Pending(lambda: pending.wait()[0])
-
-    def update(self, batch: Batch, step: int) -> dict[str, float]:
-        return self.start_update(batch, step).wait()
 
 
 class RolloutGroup(RoleGroup):
@@ -135,6 +147,4 @@ def _rank_sampling(sampling: SamplingParams, rank: int) -> SamplingParams:
     """Each rank draws with its own seed (rank 0 keeps the run's), so shares never repeat each other's noise."""
     if sampling.seed is None or rank == 0:
         return sampling
-    from dataclasses import replace
-
     return replace(sampling, seed=(sampling.seed * 1_000_003 + rank) % (1 << 63))

@@ -51,6 +51,9 @@ def test_ppo_with_the_critic_in_its_own_pool(inputs, tmp_path, local_ray):
     metrics = metrics_by_step(run_dir)
     for step in (1, 2):
         assert metrics[step]["critic/grad_norm"] > 0 and metrics[step]["actor/grad_norm"] > 0
+        for role in ("actor", "critic"):  # each pool's slowest rank and largest peak memory
+            assert metrics[step][f"perf/{role}/peak_memory_gb"] > 0
+            assert metrics[step][f"perf/{role}/update_seconds_max_rank"] > 0
     assert (run_dir / "hf_model" / "model.safetensors").is_file()
 
 
