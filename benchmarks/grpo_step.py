@@ -91,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ember-override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra ember config override, as on the `ember train` command line (repeatable)")
     parser.add_argument("--skip-ember", action="store_true", help="do not run ember")
+    parser.add_argument("--ray", action="store_true",
+                        help="also run ember with its roles in one Ray worker (the multi-GPU path), to time Ray's cost")
     parser.add_argument("--skip-trl", action="store_true", help="do not run TRL (and do not import it)")
     parser.add_argument("--commit", default=None, help="commit to report; default: `git rev-parse --short HEAD`")
     parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
@@ -130,17 +132,20 @@ def ember_overrides(workload: Workload, model_dir: str, data_file: str, reward_f
             "trainer.val_before_train=False"]
 
 
-def run_ember(workload: Workload, overrides: list[str], profile_file: str | None = None) -> FrameworkResult:
-    """`workload.total_steps` calls of `RLTrainer.train_step`, as `ember train` makes them."""
+def run_ember(workload: Workload, overrides: list[str], profile_file: str | None = None,
+              use_ray: bool = False) -> FrameworkResult:
+    """`workload.total_steps` calls of `RLTrainer.train_step`, as `ember train` makes them; `use_ray`:
+    the roles in a Ray worker process instead of this one (the multi-GPU path at one GPU)."""
     cfg = load_config(overrides)
     check_implemented(cfg)
     reset_peak_memory()
     memory_before = allocated_memory_gib()
-    trainer = RLTrainer(cfg, build_components(cfg))
+    trainer = RLTrainer(cfg, build_components(cfg, use_ray=use_ray))
     try:
         step_s, step_metrics = time_ember_steps(trainer, workload, profile_file)
     finally:
         trainer.parts.reward_manager.close()
+        trainer.parts.shutdown()
         trainer.logger.close()
     peak_memory = peak_memory_gib()
     del trainer
@@ -148,7 +153,7 @@ def run_ember(workload: Workload, overrides: list[str], profile_file: str | None
     timed = step_metrics[workload.warmup:]
     phases = sorted({key for metrics in timed for key in metrics if key.startswith("timing_s/")})
     return FrameworkResult(
-        framework="ember", step_s=step_s[workload.warmup:],
+        framework="ember (Ray worker)" if use_ray else "ember", step_s=step_s[workload.warmup:],
         phases_s={key.removeprefix("timing_s/"): [metrics.get(key, 0.0) for metrics in timed] for key in phases},
         tokens_per_step=timed[-1]["perf/total_num_tokens"], peak_memory_gib=peak_memory,
         notes={"response_length_mean": timed[-1]["response_length/mean"], "memory_before_gib": memory_before,
@@ -313,6 +318,9 @@ def main(argv: list[str] | None = None) -> int:
             run_dir = os.path.join(work_dir, "ember-run")
             overrides = ember_overrides(workload, model_dir, data_file, reward_file, run_dir, args.ember_max_num_seqs)
             summaries.append(run_ember(workload, overrides + args.ember_override, args.profile).summary())
+            if args.ray:
+                ray_overrides = overrides + args.ember_override + [f"trainer.default_local_dir={run_dir}-ray"]
+                summaries.append(run_ember(workload, ray_overrides, use_ray=True).summary())
         if not args.skip_trl:
             summaries.append(run_trl(workload, model_dir, prompts, reward_file, os.path.join(work_dir, "trl-run"),
                                      args.seed).summary())

@@ -318,12 +318,12 @@ def pool_roles(cfg: EmberConfig, placement: Placement) -> list[tuple[Pool, tuple
     return [(pool, tuple(roles)) for pool, roles in by_pool.items()]
 
 
-def build_worker_groups(cfg: EmberConfig, total_steps: int) -> dict[str, object]:
+def build_worker_groups(cfg: EmberConfig, total_steps: int, use_ray: bool | None = None) -> dict[str, object]:
     """A worker group per pool of the run, keyed by role: in this process for a run of one device,
-    Ray workers otherwise (one per GPU of each pool)."""
+    Ray workers otherwise (one per GPU of each pool); `use_ray` forces either (benchmarks of Ray's cost)."""
     placement = plan_placement(cfg)
     layout = pool_roles(cfg, placement)
-    if world_size_of(cfg.trainer) == 1:
+    if not (use_ray if use_ray is not None else world_size_of(cfg.trainer) > 1):
         (pool, roles), = layout
         group = LocalWorkerGroup(RankWorker, cfg, roles, total_steps, name=pool.name)
         return {role: group for role in roles}
@@ -335,7 +335,8 @@ def build_worker_groups(cfg: EmberConfig, total_steps: int) -> dict[str, object]
     return groups
 
 
-def build_components(cfg: EmberConfig) -> RLComponents:
+def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLComponents:
+    """The driver's parts of the run; roles on Ray workers when the run has several GPUs (or `use_ray`)."""
     check_input_paths(cfg)
     # loaded once here, before any model, so that a wrong reward function stops the run at once
     reward_fn = resolve_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
@@ -346,7 +347,7 @@ def build_components(cfg: EmberConfig) -> RLComponents:
     train_loader = PromptLoader(train_dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
     val_dataset = build_dataset(cfg.data.val_files, tokenizer, cfg) if cfg.data.val_files else None
     total_steps = total_training_steps(cfg, len(train_loader))
-    groups = build_worker_groups(cfg, total_steps)
+    groups = build_worker_groups(cfg, total_steps, use_ray)
     n = arr.rollout.n
     actor = ActorGroup(groups["actor"], mini_batch_samples=arr.actor.ppo_mini_batch_size * n,
                        ppo_epochs=arr.actor.ppo_epochs)
