@@ -1,9 +1,9 @@
 """One pass over each logits row: hashed Gumbel noise, the argmax and the log-softmax at the chosen token.
 
-The noise is the very hash of `ember.inference.hashing` (`row_keys`, `gumbel_noise`), here
-in native uint32 arithmetic (products wrap modulo 2**32, which the PyTorch reference
-computes with split multiplications), so the CUDA path and the PyTorch path draw the same
-tokens up to float rounding of the logits themselves.
+The noise is the very hash and transform of `ember.inference.hashing` (`row_keys`,
+`gumbel_noise`), here in native uint32 arithmetic (products wrap modulo 2**32, which the
+PyTorch reference computes with split multiplications), so the CUDA path and the PyTorch
+path draw the same tokens up to float rounding of the logits and of log / log1p.
 """
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.language.extra import libdevice
 
-from ember.inference.hashing import GOLDEN32, MIX_MULTIPLIERS
+from ember.inference.hashing import GOLDEN32, LARGEST_BELOW_ONE, MIX_MULTIPLIERS
 
 BLOCK_VOCAB = 4096
 
@@ -32,7 +33,8 @@ def _mix32(values, first: tl.constexpr, second: tl.constexpr):
 def _sample_kernel(
     scores_ptr, logits_ptr, seeds_ptr, positions_ptr, tokens_ptr, log_probs_ptr,
     vocab_size, scores_stride, logits_stride, score_scale, inverse_log_temperature,
-    ADD_NOISE: tl.constexpr, GOLDEN: tl.constexpr, FIRST: tl.constexpr, SECOND: tl.constexpr, BLOCK: tl.constexpr,
+    ADD_NOISE: tl.constexpr, GOLDEN: tl.constexpr, FIRST: tl.constexpr, SECOND: tl.constexpr,
+    COMPLEMENT_BOUND: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     best = -float("inf")
@@ -52,8 +54,9 @@ def _sample_kernel(
         if ADD_NOISE:
             spread = index.to(tl.uint32) * tl.full(index.shape, GOLDEN, tl.uint32)
             hashed = _mix32(key ^ spread, FIRST, SECOND)
-            uniform = ((hashed >> 8).to(tl.float32) + 0.5) * (1.0 / 16777216.0)
-            scores = scores - tl.log(-tl.log(uniform))
+            # hashing.gumbel_from_hashes: -log(-log u) through 1 - u, exact where it is small (large noise)
+            complement = tl.minimum(((~hashed).to(tl.float32) + 0.5) * (1.0 / 4294967296.0), COMPLEMENT_BOUND)
+            scores = scores - tl.log(-libdevice.log1p(-complement))
         scores = tl.where(inside, scores, -float("inf"))
         tile_best = tl.max(scores, axis=0)
         tile_index = tl.argmax(scores, axis=0)
@@ -92,6 +95,6 @@ def fused_sample(
         tokens, log_probs,
         vocab_size, scores.stride(0), logits.stride(0), float(score_scale), 1.0 / log_temperature,
         ADD_NOISE=seeds is not None, GOLDEN=GOLDEN32, FIRST=MIX_MULTIPLIERS[0], SECOND=MIX_MULTIPLIERS[1],
-        BLOCK=BLOCK_VOCAB, num_warps=8,
+        COMPLEMENT_BOUND=LARGEST_BELOW_ONE, BLOCK=BLOCK_VOCAB, num_warps=8,
     )
     return tokens, log_probs
