@@ -104,6 +104,12 @@ def test_vanilla_clamps_extreme_log_ratios_so_loss_gradient_and_ppo_kl_stay_fini
 def test_clip_config_validation():
     with pytest.raises(ValueError, match="clip_ratio_c must be greater than 1"):
         ClipConfig(clip_ratio_c=1.0)
+    assert ClipConfig(clip_ratio_c=1.5).clip_ratio_c == 1.5
+    with pytest.raises(ValueError, match="clip ratios must be non-negative, got low=-0.1, high=0.2"):
+        ClipConfig(clip_ratio_low=-0.1)
+    with pytest.raises(ValueError, match="clip ratios must be non-negative, got low=0.2, high=-0.1"):
+        ClipConfig(clip_ratio_high=-0.1)
+    assert (ClipConfig(clip_ratio=0.0).low, ClipConfig(clip_ratio=0.0).high) == (0.0, 0.0)  # ratio pinned to 1
     assert (ClipConfig(clip_ratio=0.1).low, ClipConfig(clip_ratio=0.1, clip_ratio_high=0.3).high) == (0.1, 0.3)
 
 
