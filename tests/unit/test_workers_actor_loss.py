@@ -5,7 +5,7 @@ coefficient, normalised by the mini-batch's global token count. The logged `kl_l
 import pytest
 import torch
 
-from ember.algorithms import ClipConfig
+from ember.algorithms import LOSS_AGG_MODES, ClipConfig, PolicyLossInputs, aggregate_loss, get_policy_loss_fn
 from ember.data.batch import Batch
 from ember.engines.base import LossContext, MicroBatchSpec, ModelOutput
 from ember.workers.actor import Actor, ActorOptions
@@ -14,13 +14,17 @@ KL_COEF = 0.3
 ENTROPY_COEF = 0.05
 
 
-def actor(kl_loss_type: str, entropy_coeff: float = ENTROPY_COEF) -> Actor:
+NORM_LENGTH = 7  # seq-mean-token-sum-norm's divisor: wider than the micro-batch's 4 response positions
+CLIP = ClipConfig(clip_ratio=0.2)
+
+
+def actor(kl_loss_type: str, entropy_coeff: float = ENTROPY_COEF, loss_agg_mode: str = "token-mean") -> Actor:
     """An actor whose loss is called directly: no engine is needed for `_loss`."""
     return Actor(engine=None, options=ActorOptions(
         mini_batch_samples=3, micro_batch=MicroBatchSpec(size=3), log_prob_micro_batch=MicroBatchSpec(size=3),
-        ppo_epochs=1, shuffle=False, policy_loss="vanilla", clip=ClipConfig(clip_ratio=0.2),
-        loss_agg_mode="token-mean", entropy_coeff=entropy_coeff, use_kl_loss=True, kl_loss_coef=KL_COEF,
-        kl_loss_type=kl_loss_type, temperature=1.0, norm_length=4, seed=0))
+        ppo_epochs=1, shuffle=False, policy_loss="vanilla", clip=CLIP, loss_agg_mode=loss_agg_mode,
+        entropy_coeff=entropy_coeff, use_kl_loss=True, kl_loss_coef=KL_COEF, kl_loss_type=kl_loss_type,
+        temperature=1.0, norm_length=NORM_LENGTH, seed=0))
 
 
 def batch_and_output() -> tuple[Batch, ModelOutput]:
@@ -67,3 +71,37 @@ def test_a_gradient_step_on_the_kl_loss_moves_log_probs_toward_the_reference(kl_
     assert (gap[mask] != 0).all()
     assert (output.log_probs.grad[mask] * gap[mask] > 0).all()  # descending the gradient shrinks |log π − log π_ref|
     assert (output.log_probs.grad[~mask] == 0).all()
+
+
+@pytest.mark.parametrize("loss_agg_mode", LOSS_AGG_MODES)
+def test_the_loss_shares_and_metrics_follow_the_mode_the_global_counts_and_the_old_log_probs(loss_agg_mode):
+    """The backpropagated loss is this micro-batch's share under the mini-batch's global counts and
+    `norm_length`, with the batch's old log-probs in the ratio; the metrics are normalised locally."""
+    batch, output = batch_and_output()
+    mask = batch.response_mask
+    generator = torch.Generator().manual_seed(1)
+    noise = 0.3 * torch.randn(mask.shape, generator=generator)
+    batch = batch.with_fields(old_log_probs=(output.log_probs.detach() + noise) * mask)
+    context = LossContext(num_tokens=2 * int(mask.sum()), num_sequences=6, dp_size=1)
+    loss, metrics = actor("k1", loss_agg_mode=loss_agg_mode)._loss(output, batch, context)
+
+    shares = dict(num_tokens=context.num_tokens, num_sequences=context.num_sequences, norm_length=NORM_LENGTH)
+    log_probs, entropy = output.log_probs.detach(), output.entropy.detach()
+    inputs = PolicyLossInputs(batch.old_log_probs, log_probs, batch.advantages, mask)
+    kl = log_probs - batch.ref_log_probs
+    policy = get_policy_loss_fn("vanilla")(inputs, CLIP, loss_agg_mode, **shares)
+    expected = (policy.loss + KL_COEF * aggregate_loss(kl, mask, loss_agg_mode, **shares)
+                - ENTROPY_COEF * aggregate_loss(entropy, mask, loss_agg_mode, **shares))
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
+    assert policy.ppo_kl.abs() > 0.01  # the old log-probs are not the current ones
+
+    local = get_policy_loss_fn("vanilla")(inputs, CLIP, loss_agg_mode, norm_length=NORM_LENGTH)
+    expected_metrics = {
+        "pg_loss": local.loss, "pg_clipfrac": local.clipfrac, "ppo_kl": local.ppo_kl,
+        "pg_clipfrac_lower": local.clipfrac_lower,
+        "entropy": aggregate_loss(entropy, mask, loss_agg_mode, norm_length=NORM_LENGTH),
+        "kl_loss": aggregate_loss(kl, mask, loss_agg_mode, norm_length=NORM_LENGTH), "kl_coef": KL_COEF}
+    assert metrics.keys() == expected_metrics.keys()
+    for key, value in expected_metrics.items():
+        assert float(metrics[key]) == pytest.approx(float(value), rel=1e-6), key
+
