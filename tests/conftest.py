@@ -1,11 +1,18 @@
 """Shared pytest setup: GPU tests are skipped on machines without CUDA, and torch uses one
 CPU thread (the tiny test models are dominated by per-op overhead, which extra threads only
-add to; on a shared 2-core machine one thread is several times faster)."""
+add to; on a shared 2-core machine one thread is several times faster). `--gguf PATH` names
+real model weights for tests/gpu/test_real_model_gpu.py."""
 
 import pytest
 import torch
 
 torch.set_num_threads(1)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--gguf", action="append", default=[], metavar="PATH",
+                     help="a GGUF model file for tests/gpu/test_real_model_gpu.py (repeat for several; "
+                          "EMBER_TEST_GGUF=PATH[,PATH] adds more)")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -4,9 +4,14 @@ and are as close to it in bf16 as transformers' own bf16 forward is.
 
 Random weights give near-tied logits that two correct bf16 kernels may order differently;
 trained weights do not, so this is where greedy equality is a fair claim. The models come
-as GGUF files (the team's offline model packages, e.g. SmolLM2-135M-Instruct and a Qwen2.5
-0.5B checkpoint) named in EMBER_TEST_GGUF (comma-separated paths); without it the test is
-skipped. Each is dequantised once to bf16 and saved as a HF directory the engine loads.
+as GGUF files (e.g. SmolLM2-135M-Instruct's, or a Qwen2.5 0.5B checkpoint's), named on the
+command line or in the environment; without one the tests are skipped, saying how to run them:
+
+    python -m pytest tests/gpu/test_real_model_gpu.py --gguf /models/SmolLM2-135M-Instruct-Q4_1.gguf
+    EMBER_TEST_GGUF=/models/a.gguf,/models/b.gguf python -m pytest tests/gpu
+
+Each file (the `gguf_file` parameter: every `--gguf`, then every EMBER_TEST_GGUF entry) is
+dequantised once to bf16 and saved as a HF directory the engine loads (`real_model`).
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from ember.rollout.base import SamplingParams
 
 pytestmark = pytest.mark.gpu
 
-GGUF_FILES = [path for path in os.environ.get("EMBER_TEST_GGUF", "").split(",") if path]
+GGUF_ENV = "EMBER_TEST_GGUF"
+SKIP_WITHOUT_MODEL = (f"needs real model weights: pass --gguf PATH/TO/model.gguf (repeatable) or set "
+                      f"{GGUF_ENV}=PATH[,PATH] (e.g. SmolLM2-135M-Instruct's GGUF file)")
 QUESTIONS = [
     "What is 59 + 63? Give the final answer after ####.",
     "What is 347 + 586? Give the final answer after ####.",
@@ -42,12 +49,27 @@ QUESTIONS = [
 NEW_TOKENS = 64
 
 
-@pytest.fixture(scope="module", params=GGUF_FILES or [None], ids=lambda path: Path(path).name if path else "none")
-def real_model(request, tmp_path_factory):
+def gguf_files(config: pytest.Config) -> list[str]:
+    """The GGUF files to test: every `--gguf PATH`, then the comma-separated entries of EMBER_TEST_GGUF."""
+    return [*config.getoption("gguf"), *(path for path in os.environ.get(GGUF_ENV, "").split(",") if path)]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that uses `real_model` runs once per GGUF file (once, skipped, without any)."""
+    if "gguf_file" in metafunc.fixturenames:
+        files = gguf_files(metafunc.config)
+        metafunc.parametrize("gguf_file", files or [None], ids=[Path(path).name for path in files] or ["no-model"],
+                             scope="module")
+
+
+@pytest.fixture(scope="module")
+def real_model(gguf_file, tmp_path_factory):
     """(transformers model in bf16 on the GPU, the same in fp32, tokenizer, its saved HF directory)."""
-    if request.param is None:
-        pytest.skip("set EMBER_TEST_GGUF to GGUF model files to run the real-weights tests")
-    folder, name = os.path.split(os.path.abspath(request.param))
+    if gguf_file is None:
+        pytest.skip(SKIP_WITHOUT_MODEL)
+    if not os.path.isfile(gguf_file):
+        pytest.fail(f"{gguf_file} (from --gguf or {GGUF_ENV}) is not a file; name an existing GGUF model file")
+    folder, name = os.path.split(os.path.abspath(gguf_file))
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model.hf_quantizer = None

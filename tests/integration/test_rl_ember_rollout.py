@@ -3,6 +3,7 @@ is sent the actor's weights whenever the actor has changed, and generates like t
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ember.rollout import SamplingParams
@@ -68,6 +69,33 @@ def test_an_offloaded_actor_is_copied_not_shared(inputs, tmp_path):
         assert not any(engine_parameters[name].data_ptr() == tensor.data_ptr() for name, tensor in live.items())
         for name, tensor in live.items():
             torch.testing.assert_close(engine_parameters[name], tensor, rtol=0, atol=0)
+    finally:
+        close(trainer)
+
+
+@pytest.mark.parametrize("copy_mode", ["actor_rollout_ref.actor.fsdp_config.param_offload=True",
+                                       "actor_rollout_ref.rollout.dtype=bfloat16"], ids=["param_offload", "bf16_engine"])
+def test_an_engine_with_its_own_copy_is_sent_the_updated_weights(inputs, tmp_path, copy_mode):
+    """Where the engine cannot share the actor's tensors (offloaded actor; generation dtype unlike the
+    training one) every sync must copy: after an update the engine holds the updated weights, not the initial ones."""
+    trainer = build_trainer(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.rollout.name=ember",
+                                          "trainer.total_training_steps=1", copy_mode))
+    try:
+        engine = trainer.rollout().engine
+        live = [parameter.to_local().data_ptr() for parameter in trainer.parts.actor.engine.model.parameters()]
+        assert not set(live) & {parameter.data_ptr() for parameter in engine.model.parameters()}  # copies
+        initial = {name: tensor.clone() for name, tensor in engine.model.named_parameters()}
+        trainer.fit()  # one update, then validation on the rollout engine
+        assert trainer.actor_version == 1
+        engine_parameters = dict(trainer.rollout().engine.model.named_parameters())
+        with trainer.parts.actor.engine.resident():
+            actor_weights = engine_weights(trainer.parts.actor.engine)
+        assert set(actor_weights) == set(engine_parameters)
+        for name, tensor in actor_weights.items():
+            torch.testing.assert_close(engine_parameters[name], tensor.to(engine_parameters[name].dtype),
+                                       rtol=0, atol=0, msg=name)
+        changed = [name for name in initial if not torch.equal(engine_parameters[name], initial[name])]
+        assert len(changed) > len(initial) // 2, changed
     finally:
         close(trainer)
 

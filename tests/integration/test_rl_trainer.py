@@ -37,14 +37,24 @@ VALIDATION_METRIC = f"val-core/{DATA_SOURCE}/acc"
 
 @pytest.fixture(scope="module")
 def grpo_run(inputs, tmp_path_factory):
-    """A finished 3-step GRPO run validating and saving every 2 steps (and at the end)."""
+    """A finished 3-step GRPO run validating and saving every 2 steps (and at the end), and the
+    batches its actor updated on."""
     run_dir = tmp_path_factory.mktemp("grpo") / "run"
-    trainer = train(run_overrides(inputs, run_dir, "trainer.test_freq=2", "trainer.save_freq=2"))
-    return run_dir, trainer
+    trainer = build_trainer(run_overrides(inputs, run_dir, "trainer.test_freq=2", "trainer.save_freq=2"))
+    updated_batches = []
+    update = trainer.parts.actor.update
+
+    def recording_update(batch, step):
+        updated_batches.append(batch)
+        return update(batch, step)
+
+    trainer.parts.actor.update = recording_update
+    fit(trainer)
+    return run_dir, trainer, updated_batches
 
 
 def test_grpo_run_logs_every_metric_and_leaves_its_files(grpo_run, inputs):
-    run_dir, trainer = grpo_run
+    run_dir, trainer, _ = grpo_run
     metrics = metrics_by_step(run_dir)
     assert sorted(metrics) == [0, 1, 2, 3]  # validation before training, then three steps
     for step in (1, 2, 3):
@@ -65,8 +75,31 @@ def test_grpo_run_logs_every_metric_and_leaves_its_files(grpo_run, inputs):
     assert load_config([], config_path=str(run_dir), config_name="config") == trainer.cfg
 
 
+def test_grpo_advantages_are_centred_within_each_prompts_samples(grpo_run):
+    """The samples of one prompt share a uid (their GRPO group), so their advantages sum to 0;
+    a group per sample would make each advantage the raw score."""
+    _, trainer, updated_batches = grpo_run
+    n = trainer.cfg.actor_rollout_ref.rollout.n
+    assert len(updated_batches) == 3
+    for batch in updated_batches:
+        groups: dict[str, list[int]] = {}
+        for index, uid in enumerate(batch.uids):
+            groups.setdefault(uid, []).append(index)
+        assert len(groups) == trainer.cfg.data.train_batch_size
+        mask = batch.response_mask.bool()
+        prompts = batch.input_ids[:, :batch.prompt_length]
+        token_advantages = [batch.advantages[index][mask[index]] for index in range(len(batch))]
+        assert all((tokens == tokens[0]).all() for tokens in token_advantages)  # one advantage per response
+        per_sample = torch.stack([tokens[0] for tokens in token_advantages])
+        for members in groups.values():
+            assert len(members) == n
+            assert all(torch.equal(prompts[members[0]], prompts[index]) for index in members)
+            assert abs(per_sample[members].sum().item()) < 1e-4
+    assert any(batch.advantages.abs().max() > 0.1 for batch in updated_batches)
+
+
 def test_grpo_run_changes_the_policy_weights(grpo_run, inputs):
-    run_dir, _ = grpo_run
+    run_dir, _, _ = grpo_run
     initial, trained = hf_weights(inputs.model_dir), hf_weights(run_dir / "hf_model")
     assert initial.keys() == trained.keys()
     changed = [name for name in initial if not torch.equal(initial[name], trained[name])]
@@ -86,7 +119,7 @@ def _plain_log_probs(model, prompt: list[int], response: list[int]) -> torch.Ten
 
 
 def test_export_command_round_trips_to_transformers(grpo_run, tmp_path):
-    run_dir, trainer = grpo_run
+    run_dir, trainer, _ = grpo_run
     out_dir = tmp_path / "exported"
     assert ember_main(["export", str(run_dir / "global_step_3"), str(out_dir)]) == 0
 

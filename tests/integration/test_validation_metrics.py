@@ -10,7 +10,8 @@ from rl_helpers import DATA_SOURCE, TEST_SIZE, TRAIN_SIZE, build_trainer, close,
 from ember.data.preprocess.synthetic import make_arithmetic_splits
 from ember.trainer.validation import validate, validation_sampling
 
-SLOW_ANSWER = 83  # the validation row with this answer never finishes scoring: a timeout
+SLOW_ANSWER = 83  # the validation row with this answer takes SLOW_S to score: a timeout
+SLOW_S = 5  # past the run's reward_model.timeout_s=1.0, within the default 10 s: only the configured one fires
 
 FAILING_REWARD = f'''
 import time
@@ -20,7 +21,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if int(ground_truth) % 2 == 0:
         raise ValueError(f"this test reward refuses even answers ({{ground_truth}})")
     if int(ground_truth) == {SLOW_ANSWER}:
-        time.sleep(60)
+        time.sleep({SLOW_S})
     return 0.5
 '''
 

@@ -6,7 +6,7 @@ import statistics
 import pytest
 import torch
 
-from ember.algorithms import AdvantageInputs, advantage_names, get_advantage_fn
+from ember.algorithms import AdvantageInputs, advantage_names, discounted_returns, get_advantage_fn, masked_whiten
 from ember.algorithms.registry import Registry
 
 
@@ -196,6 +196,19 @@ def test_group_std_matches_statistics_stdev():
                                                              group_ids=["g"] * 4, epsilon=0.0))
     expected = [(s - statistics.mean(scores)) / statistics.stdev(scores) for s in scores]
     assert torch.allclose(advantages[:, 0], torch.tensor(expected), atol=1e-6)
+
+
+def test_whitening_equal_values_gives_zeros_and_one_token_is_refused():
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    assert torch.equal(masked_whiten(torch.full((2, 3), 0.7), mask), torch.zeros(2, 3))  # epsilon keeps 0 / 0 away
+    with pytest.raises(ValueError, match="needs at least 2 valid response tokens in the batch, got 1; use a larger "
+                                         r"batch or an estimator without whitening \(grpo, rloo, remax\)"):
+        masked_whiten(torch.ones(1, 2), torch.tensor([[1.0, 0.0]]))
+
+
+def test_discounted_returns_of_one_token_responses_are_their_rewards():
+    assert torch.equal(discounted_returns(torch.tensor([[2.0], [-1.0]]), torch.ones(2, 1), gamma=0.9),
+                       torch.tensor([[2.0], [-1.0]]))
 
 
 def test_group_ids_must_match_batch():

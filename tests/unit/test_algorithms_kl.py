@@ -38,6 +38,16 @@ def test_k3_is_clamped_at_ten():
                       kind="low_var_kl").item() == 10.0
 
 
+def test_k3_and_its_gradient_stay_finite_at_extreme_log_ratios():
+    """The log-ratio is clamped to ±20 before exp: unclamped, exp(100) overflows float32 and the
+    backward pass turns 0 · inf into nan even though the value is capped at 10."""
+    log_probs = torch.zeros(2, requires_grad=True)
+    value = kl_penalty(log_probs=log_probs, ref_log_probs=torch.tensor([100.0, -100.0]), kind="low_var_kl")
+    value.sum().backward()
+    assert value.tolist() == [10.0, 10.0]
+    assert torch.equal(log_probs.grad, torch.zeros(2))
+
+
 def test_full_kl_over_the_vocabulary_accepts_logits():
     # p = [1/2, 1/2], q = [1/4, 3/4]: KL = ½ ln 2 + ½ ln(2/3)
     logits = torch.tensor([[[1.0, 1.0]]])
@@ -48,6 +58,12 @@ def test_full_kl_over_the_vocabulary_accepts_logits():
     log_probs = torch.log_softmax(logits, -1)
     assert kl_penalty(log_probs=log_probs, ref_log_probs=torch.log_softmax(ref_logits, -1),
                       kind="full").item() == pytest.approx(expected, rel=1e-5)
+    generator = torch.Generator().manual_seed(0)
+    logits, ref_logits = torch.randn(2, 3, 5, generator=generator), torch.randn(2, 3, 5, generator=generator)
+    per_token = kl_penalty(log_probs=logits, ref_log_probs=ref_logits, kind="full")  # [B, R, V] -> one KL per token
+    assert per_token.shape == (2, 3)
+    assert per_token[1, 2].item() == pytest.approx(
+        kl_penalty(log_probs=logits[1:, 2:], ref_log_probs=ref_logits[1:, 2:], kind="full").item())
 
 
 def test_every_estimator_is_zero_at_equal_inputs_and_k3_never_negative():
@@ -72,7 +88,7 @@ def test_straight_through_variants_take_the_value_of_the_estimator_and_the_gradi
 
 
 def test_unknown_estimator_lists_valid_names():
-    with pytest.raises(ValueError, match="Unknown KL estimator 'k4'.*low_var_kl"):
+    with pytest.raises(ValueError, match="Unknown KL estimator 'k4'; valid names: abs, full, k1, k2, k3, kl, low_var_kl"):
         kl_penalty(log_probs=torch.zeros(1), ref_log_probs=torch.zeros(1), kind="k4")
     with pytest.raises(ValueError, match="Unknown KL estimator 'full\\+'"):
         kl_penalty(log_probs=torch.zeros(1, 1, 2), ref_log_probs=torch.zeros(1, 1, 2), kind="full+")
@@ -89,6 +105,15 @@ def test_adaptive_controller_follows_the_clipped_proportional_rule():
     assert fixed.value == 0.05
     with pytest.raises(ValueError, match="horizon must be positive"):
         AdaptiveKLController(0.1, 1.0, horizon=0)
+    assert AdaptiveKLController(0.1, 1.0, horizon=1).horizon == 1
+    with pytest.raises(ValueError, match="target_kl must be positive, got 0"):
+        AdaptiveKLController(0.1, target_kl=0, horizon=100)
+
+
+def test_adaptive_controller_error_is_relative_to_the_target():
+    controller = AdaptiveKLController(init_kl_coef=0.1, target_kl=0.5, horizon=100)
+    controller.update(current_kl=0.55, n_steps=10)  # error 0.55 / 0.5 - 1 = 0.1
+    assert controller.value == pytest.approx(0.1 * (1 + 0.1 * 10 / 100))
 
 
 def test_apply_kl_penalty_subtracts_on_valid_tokens_and_reports_mean_kl():
@@ -110,5 +135,5 @@ def test_scores_land_on_the_last_valid_token():
     assert torch.equal(rewards, torch.tensor([[0.0, 1.0, 0.0], [0.0, 0.0, 2.0], [0.0, 0.0, 3.0], [4.0, 0.0, 0.0]]))
     with pytest.raises(ValueError, match=r"Responses \[1\] have no valid token"):
         scores_to_token_rewards(torch.tensor([1.0, 2.0]), torch.tensor([[1, 0], [0, 0]]))
-    with pytest.raises(ValueError, match="one score per response"):
+    with pytest.raises(ValueError, match=r"one score per response \(4\), got scores of shape \(1,\)"):
         scores_to_token_rewards([1.0], mask)

@@ -21,6 +21,11 @@ def test_modes_hand_computed(mode, norm_length, expected):
     assert aggregate_loss(LOSS, mask=MASK, mode=mode, norm_length=norm_length).item() == pytest.approx(expected)
 
 
+def test_seq_mean_token_mean_divides_a_one_token_sequence_by_one():
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    assert aggregate_loss(LOSS, mask, "seq-mean-token-mean").item() == pytest.approx((6 / 3 + 4 / 1) / 2)
+
+
 def test_unknown_mode_lists_valid_ones():
     with pytest.raises(ValueError, match="token-mean, token-sum, seq-mean-token-sum, seq-mean-token-mean"):
         aggregate_loss(LOSS, mask=MASK, mode="sum")

@@ -88,9 +88,30 @@ def test_dual_clip_caps_negative_advantage_loss():
     assert torch.allclose(inputs.log_probs.grad, torch.tensor([[0.0, 4.0, 0.0]], dtype=torch.float64))
 
 
+def test_vanilla_clamps_extreme_log_ratios_so_loss_gradient_and_ppo_kl_stay_finite():
+    """Log-ratios beyond ±LOG_RATIO_LIMIT (20), e.g. from a stale old log-prob, count as at the limit:
+    unclamped, exp(100) overflows float32 and the backward pass turns 0 · inf into nan."""
+    log_probs = torch.tensor([[100.0, -30.0, 0.1]], requires_grad=True)  # float32, as training computes them
+    advantages = torch.tensor([[-1.0, 1.0, 1.0]])
+    inputs = PolicyLossInputs(torch.zeros(1, 3), log_probs, advantages, torch.ones(1, 3))
+    output = get_policy_loss_fn("vanilla")(inputs, ClipConfig(clip_ratio_c=3.0), "token-mean")
+    output.loss.backward()
+    # token 0: ratio e^20 with A < 0, capped by the dual clip at 3; token 1: -e^-20 ≈ 0; token 2: -e^0.1
+    assert output.loss.item() == pytest.approx((3.0 - math.exp(0.1)) / 3, abs=1e-6)
+    assert torch.isfinite(log_probs.grad).all()
+    torch.testing.assert_close(log_probs.grad, torch.tensor([[0.0, 0.0, -math.exp(0.1) / 3]]), atol=1e-6, rtol=1e-6)
+    assert output.ppo_kl.item() == pytest.approx(-(20.0 - 20.0 + 0.1) / 3, rel=1e-5)  # the clamped log-ratios
+
+
 def test_clip_config_validation():
     with pytest.raises(ValueError, match="clip_ratio_c must be greater than 1"):
         ClipConfig(clip_ratio_c=1.0)
+    assert ClipConfig(clip_ratio_c=1.5).clip_ratio_c == 1.5
+    with pytest.raises(ValueError, match="clip ratios must be non-negative, got low=-0.1, high=0.2"):
+        ClipConfig(clip_ratio_low=-0.1)
+    with pytest.raises(ValueError, match="clip ratios must be non-negative, got low=0.2, high=-0.1"):
+        ClipConfig(clip_ratio_high=-0.1)
+    assert (ClipConfig(clip_ratio=0.0).low, ClipConfig(clip_ratio=0.0).high) == (0.0, 0.0)  # ratio pinned to 1
     assert (ClipConfig(clip_ratio=0.1).low, ClipConfig(clip_ratio=0.1, clip_ratio_high=0.3).high) == (0.1, 0.3)
 
 

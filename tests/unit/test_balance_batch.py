@@ -80,11 +80,26 @@ def test_partition_is_near_optimal_on_random_lengths():
         assert chunk_imbalance(permuted, count) == pytest.approx(max(sums) / (sum(sums) / count))
 
 
+def test_karmarkar_karp_finds_the_perfect_split_where_the_variants_do_not():
+    """Both groups of this batch can hold 69 tokens; the largest differencing method (merge the two partial
+    solutions that spread the most, heaviest group of one with the lightest of the other) finds it."""
+    lengths = [15, 19, 30, 22, 1, 9, 12, 15, 3, 12]
+    groups = equal_size_partition(lengths, 2)
+    assert [sum(lengths[i] for i in group) for group in groups] == [69, 69]
+    assert [len(group) for group in groups] == [5, 5]
+
+
 def test_a_batch_that_does_not_divide_is_refused_with_the_keys_to_change():
-    with pytest.raises(ValueError, match="cannot split 6 samples into 4 data-parallel chunks.*trainer.balance_batch=False"):
+    with pytest.raises(ValueError, match=r"cannot split 6 samples into 4 data-parallel chunks of equal size; make the "
+                                         r"batch \(train_batch_size × rollout.n\) divisible by the data-parallel size, "
+                                         r"or set trainer.balance_batch=False"):
         balanced_permutation([1] * 6, 4)
+    with pytest.raises(ValueError, match="cannot balance a batch over 0 data-parallel ranks; use at least 1"):
+        equal_size_partition([1, 2], 0)
+    assert equal_size_partition([], 2) == [[], []]
 
 
 def test_an_already_balanced_order_is_kept():
     lengths = [1, 1, 5, 2, 3, 2]  # chunks 1+1+5 and 2+3+2: equal already
     assert balanced_permutation(lengths, 2) == list(range(6))
+    assert balanced_permutation([5, 4, 4, 5], 2) == [0, 1, 2, 3]  # not [0, 2, 1, 3], which is only as good

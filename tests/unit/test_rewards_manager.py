@@ -9,8 +9,11 @@ import pytest
 
 from ember.rewards import RewardConfigError, RewardItem, RewardManager, resolve_reward_fn
 
+HANG_S = 60.0  # a "sleep" item's call: far past any timeout used here
+SLOW_S = 0.2  # a "slow" item's call: well within the timeout, though several in one chunk are not
+
 # A reward function whose response text says how to misbehave.
-REWARD_SOURCE = """
+REWARD_SOURCE = f"HANG_S = {HANG_S}\nSLOW_S = {SLOW_S}\n" + """
 import os
 import time
 
@@ -18,7 +21,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
     if solution_str == "raise":
         raise ValueError("cannot score this sample")
     if solution_str == "sleep":
-        time.sleep(60)
+        time.sleep(HANG_S)
+    if solution_str == "slow":
+        time.sleep(SLOW_S)
     if solution_str == "crash":
         os._exit(3)
     if solution_str == "none":
@@ -82,10 +87,41 @@ def test_hung_call_times_out_alone_and_the_run_goes_on(reward_spec):
         result = manager.score(items)
         elapsed = time.monotonic() - started
         assert result.scores == expected
-        assert result.num_timeouts == 1 and result.num_errors == 0
-        assert elapsed < 5.0
+        assert result.num_timeouts == 1 and result.num_errors == 0  # the timeout fired, for that item alone
+        # It fired at about timeout_s, not when the call ended: a generous bound for a loaded machine
+        # (the batch, a worker restart) that is still a quarter of the hang.
+        assert elapsed < HANG_S / 4
         after = manager.score(numbered_items(30))  # the replaced worker serves the next call
     assert after.scores == expected_scores(30)
+
+
+def test_each_hung_item_of_a_chunk_is_charged_once_and_the_rest_are_scored(reward_spec):
+    """One worker, 40 items: chunks of 10, the first holding three hung items. Each costs a timeout of its
+    own (the worker is replaced three times); the chunk's other items are scored, none charged."""
+    items = numbered_items(40)
+    expected = expected_scores(40)
+    for position in (2, 5, 7):
+        items[position] = RewardItem("test", "sleep", "x")
+        expected[position] = -1.0
+    with RewardManager(reward_spec, num_workers=1, timeout_s=0.5, failure_score=-1.0) as manager:
+        result = manager.score(items)
+    assert result.num_timeouts == 3 and result.num_errors == 0
+    assert result.scores == expected
+
+
+def test_the_timeout_is_per_item_not_per_chunk(reward_spec):
+    """One worker, 32 items: the first chunk of 8 holds eight slow items, 1.6 s together but 0.2 s each,
+    within timeout_s=1: none times out."""
+    items = numbered_items(32)
+    expected = expected_scores(32)
+    for position in range(8):
+        items[position] = RewardItem("test", "slow", str(position))
+        expected[position] = 0.5  # a wrong answer plus the bonus
+    with RewardManager(reward_spec, num_workers=1, timeout_s=1.0) as manager:
+        result = manager.score(items)
+    assert 8 * SLOW_S > 1.0
+    assert result.num_timeouts == 0 and result.num_errors == 0
+    assert result.scores == expected
 
 
 def test_crashed_worker_counts_as_error_and_is_replaced(reward_spec):

@@ -47,6 +47,7 @@ def test_last_boxed_content_balances_braces_and_takes_the_last_box():
     assert last_boxed_content("cut off \\boxed{\\frac{1}{2}") is None
     assert last_boxed_content("empty \\boxed{ }") is None
     assert last_boxed_content("no box here") is None
+    assert last_boxed_content("a box left unfinished: \\boxed") is None  # neither braces nor a bare answer
 
 
 def test_last_marked_answer_takes_whichever_marker_comes_last():
