@@ -300,6 +300,9 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
                                                  critic_cfg.forward_micro_batch_size_per_gpu, critic_micro),
             ppo_epochs=critic_cfg.ppo_epochs, shuffle=critic_cfg.shuffle, cliprange_value=critic_cfg.cliprange_value,
             loss_agg_mode=critic_cfg.loss_agg_mode, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
+    for role in ("actor", "reference", "critic"):  # param/optimizer_offload: on the device only in its phases
+        if role in built:
+            built[role].engine.offload()
     return built
 
 

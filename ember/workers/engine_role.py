@@ -12,11 +12,10 @@ from ember.engines.base import TrainEngine
 
 
 class EngineRole:
-    """A role holding one TrainEngine; offloads it once built (a no-op unless the options offload)."""
+    """A role holding one TrainEngine (its builder offloads the engine once built: `offload()`)."""
 
     def __init__(self, engine: TrainEngine):
         self.engine = engine
-        engine.offload()
 
     def save(self, path: str) -> None:
         """A resumable checkpoint of the engine under `path`; every rank of the role calls it."""

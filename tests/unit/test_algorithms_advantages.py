@@ -200,14 +200,14 @@ def test_group_std_matches_statistics_stdev():
 
 def test_whitening_equal_values_gives_zeros_and_one_token_is_refused():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
-    assert torch.equal(masked_whiten(torch.full((2, 3), 0.7), mask), torch.zeros(2, 3))  # epsilon keeps 0 / 0 away
+    assert torch.equal(masked_whiten(torch.full((2, 3), 0.7), mask=mask), torch.zeros(2, 3))  # epsilon keeps 0 / 0 away
     with pytest.raises(ValueError, match="needs at least 2 valid response tokens in the batch, got 1; use a larger "
                                          r"batch or an estimator without whitening \(grpo, rloo, remax\)"):
-        masked_whiten(torch.ones(1, 2), torch.tensor([[1.0, 0.0]]))
+        masked_whiten(torch.ones(1, 2), mask=torch.tensor([[1.0, 0.0]]))
 
 
 def test_discounted_returns_of_one_token_responses_are_their_rewards():
-    assert torch.equal(discounted_returns(torch.tensor([[2.0], [-1.0]]), torch.ones(2, 1), gamma=0.9),
+    assert torch.equal(discounted_returns(rewards=torch.tensor([[2.0], [-1.0]]), mask=torch.ones(2, 1), gamma=0.9),
                        torch.tensor([[2.0], [-1.0]]))
 
 

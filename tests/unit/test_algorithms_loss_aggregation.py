@@ -23,7 +23,7 @@ def test_modes_hand_computed(mode, norm_length, expected):
 
 def test_seq_mean_token_mean_divides_a_one_token_sequence_by_one():
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    assert aggregate_loss(LOSS, mask, "seq-mean-token-mean").item() == pytest.approx((6 / 3 + 4 / 1) / 2)
+    assert aggregate_loss(LOSS, mask=mask, mode="seq-mean-token-mean").item() == pytest.approx((6 / 3 + 4 / 1) / 2)
 
 
 def test_unknown_mode_lists_valid_ones():

@@ -93,8 +93,9 @@ def test_vanilla_clamps_extreme_log_ratios_so_loss_gradient_and_ppo_kl_stay_fini
     unclamped, exp(100) overflows float32 and the backward pass turns 0 · inf into nan."""
     log_probs = torch.tensor([[100.0, -30.0, 0.1]], requires_grad=True)  # float32, as training computes them
     advantages = torch.tensor([[-1.0, 1.0, 1.0]])
-    inputs = PolicyLossInputs(torch.zeros(1, 3), log_probs, advantages, torch.ones(1, 3))
-    output = get_policy_loss_fn("vanilla")(inputs, ClipConfig(clip_ratio_c=3.0), "token-mean")
+    inputs = PolicyLossInputs(old_log_probs=torch.zeros(1, 3), log_probs=log_probs, advantages=advantages,
+                              response_mask=torch.ones(1, 3))
+    output = get_policy_loss_fn("vanilla")(inputs, ClipConfig(clip_ratio_c=3.0), loss_agg_mode="token-mean")
     output.loss.backward()
     # token 0: ratio e^20 with A < 0, capped by the dual clip at 3; token 1: -e^-20 ≈ 0; token 2: -e^0.1
     assert output.loss.item() == pytest.approx((3.0 - math.exp(0.1)) / 3, abs=1e-6)

@@ -87,20 +87,21 @@ def test_the_loss_shares_and_metrics_follow_the_mode_the_global_counts_and_the_o
 
     shares = dict(num_tokens=context.num_tokens, num_sequences=context.num_sequences, norm_length=NORM_LENGTH)
     log_probs, entropy = output.log_probs.detach(), output.entropy.detach()
-    inputs = PolicyLossInputs(batch.old_log_probs, log_probs, batch.advantages, mask)
+    inputs = PolicyLossInputs(old_log_probs=batch.old_log_probs, log_probs=log_probs, advantages=batch.advantages,
+                              response_mask=mask)
     kl = log_probs - batch.ref_log_probs
-    policy = get_policy_loss_fn("vanilla")(inputs, CLIP, loss_agg_mode, **shares)
-    expected = (policy.loss + KL_COEF * aggregate_loss(kl, mask, loss_agg_mode, **shares)
-                - ENTROPY_COEF * aggregate_loss(entropy, mask, loss_agg_mode, **shares))
+    policy = get_policy_loss_fn("vanilla")(inputs, CLIP, loss_agg_mode=loss_agg_mode, **shares)
+    expected = (policy.loss + KL_COEF * aggregate_loss(kl, mask=mask, mode=loss_agg_mode, **shares)
+                - ENTROPY_COEF * aggregate_loss(entropy, mask=mask, mode=loss_agg_mode, **shares))
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     assert policy.ppo_kl.abs() > 0.01  # the old log-probs are not the current ones
 
-    local = get_policy_loss_fn("vanilla")(inputs, CLIP, loss_agg_mode, norm_length=NORM_LENGTH)
+    local = get_policy_loss_fn("vanilla")(inputs, CLIP, loss_agg_mode=loss_agg_mode, norm_length=NORM_LENGTH)
     expected_metrics = {
         "pg_loss": local.loss, "pg_clipfrac": local.clipfrac, "ppo_kl": local.ppo_kl,
         "pg_clipfrac_lower": local.clipfrac_lower,
-        "entropy": aggregate_loss(entropy, mask, loss_agg_mode, norm_length=NORM_LENGTH),
-        "kl_loss": aggregate_loss(kl, mask, loss_agg_mode, norm_length=NORM_LENGTH), "kl_coef": KL_COEF}
+        "entropy": aggregate_loss(entropy, mask=mask, mode=loss_agg_mode, norm_length=NORM_LENGTH),
+        "kl_loss": aggregate_loss(kl, mask=mask, mode=loss_agg_mode, norm_length=NORM_LENGTH), "kl_coef": KL_COEF}
     assert metrics.keys() == expected_metrics.keys()
     for key, value in expected_metrics.items():
         assert float(metrics[key]) == pytest.approx(float(value), rel=1e-6), key
