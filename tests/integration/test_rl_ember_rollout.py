@@ -81,15 +81,18 @@ def test_an_engine_with_its_own_copy_is_sent_the_updated_weights(inputs, tmp_pat
     trainer = build_trainer(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.rollout.name=ember",
                                           "trainer.total_training_steps=1", copy_mode))
     try:
-        engine = trainer.rollout().engine
-        live = [parameter.to_local().data_ptr() for parameter in trainer.parts.actor.engine.model.parameters()]
+        rollout, actor = trainer.parts.rollout.in_process(), trainer.parts.actor.in_process()
+        rollout.prepare()
+        engine = rollout.rollout.engine
+        live = [parameter.to_local().data_ptr() for parameter in actor.engine.model.parameters()]
         assert not set(live) & {parameter.data_ptr() for parameter in engine.model.parameters()}  # copies
         initial = {name: tensor.clone() for name, tensor in engine.model.named_parameters()}
         trainer.fit()  # one update, then validation on the rollout engine
-        assert trainer.actor_version == 1
-        engine_parameters = dict(trainer.rollout().engine.model.named_parameters())
-        with trainer.parts.actor.engine.resident():
-            actor_weights = engine_weights(trainer.parts.actor.engine)
+        assert actor.version == 1
+        rollout.prepare()
+        engine_parameters = dict(rollout.rollout.engine.model.named_parameters())
+        with actor.engine.resident():
+            actor_weights = engine_weights(actor.engine)
         assert set(actor_weights) == set(engine_parameters)
         for name, tensor in actor_weights.items():
             torch.testing.assert_close(engine_parameters[name], tensor.to(engine_parameters[name].dtype),
