@@ -69,7 +69,7 @@ from common import (  # benchmarks/common.py: a script's own folder is on sys.pa
 )
 
 # The phases that fill the main table's "gen" and "train" columns, per framework.
-MAIN_PHASES = {"ember": ("gen", "update_actor"), "trl": ("gen", "train")}
+MAIN_PHASES = {"ember": ("gen", "update_actor"), "ember (Ray worker)": ("gen", "update_actor"), "trl": ("gen", "train")}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
