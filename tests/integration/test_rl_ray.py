@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ember.trainer.checkpoint import list_checkpoints
+from ember.trainer.export import export_checkpoint
 from ember.trainer.experience import generate_experience, score_experience, token_level_scores
 from rl_helpers import build_trainer, close, hf_weights, metrics_by_step, run_overrides, train
 
@@ -57,14 +58,21 @@ def test_ppo_with_the_critic_in_its_own_pool(inputs, tmp_path, local_ray):
     assert (run_dir / "hf_model" / "model.safetensors").is_file()
 
 
-def test_a_checkpoint_of_two_ranks_resumes_on_one(inputs, tmp_path, local_ray):
+def test_checkpoints_resume_on_another_number_of_ranks(inputs, tmp_path, local_ray):
     run_dir = tmp_path / "run"
-    common = ["trainer.val_before_train=False", "trainer.save_freq=2"]
+    common = ["trainer.val_before_train=False", "trainer.save_freq=1"]
     train(run_overrides(inputs, run_dir, *TWO_RANKS, *common, "trainer.total_training_steps=2"))
-    assert [step for step, _ in list_checkpoints(str(run_dir))] == [2]
-    resumed = train(run_overrides(inputs, run_dir, *common, "trainer.total_training_steps=3"))
-    assert resumed.step == 3
-    assert 3 in metrics_by_step(run_dir)
+    assert [step for step, _ in list_checkpoints(str(run_dir))][-1] == 2
+    # the two ranks' shards, loaded by one process, are the weights the two ranks exported at the end
+    one_process = hf_weights(export_checkpoint(str(run_dir / "global_step_2"), str(tmp_path / "step2")))
+    two_ranks = hf_weights(run_dir / "hf_model")
+    assert one_process.keys() == two_ranks.keys()
+    assert all(torch.equal(one_process[name], two_ranks[name]) for name in two_ranks)
+    on_one = train(run_overrides(inputs, run_dir, *common, "trainer.total_training_steps=3"))  # 2 ranks -> 1
+    assert on_one.step == 3
+    on_two = train(run_overrides(inputs, run_dir, *TWO_RANKS, *common, "trainer.total_training_steps=4"))  # 1 -> 2
+    assert on_two.step == 4
+    assert {3, 4} <= set(metrics_by_step(run_dir))
 
 
 def test_a_worker_that_dies_fails_the_step_naming_it_and_the_run_resumes(inputs, tmp_path, local_ray):
