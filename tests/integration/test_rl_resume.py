@@ -38,7 +38,7 @@ STATEFUL_RUN = ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True"
                 "critic.ppo_mini_batch_size=2", "critic.shuffle=True",
                 "actor_rollout_ref.actor.optim.lr_warmup_steps=3", "critic.optim.lr_warmup_steps=3",
                 "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=2"]
-NOT_REPRODUCIBLE = ("timing_s/", "perf/throughput")
+NOT_REPRODUCIBLE = ("timing_s/", "perf/throughput", "perf/actor/", "perf/critic/")  # times and memory
 VALIDATION_METRIC = f"val-core/{DATA_SOURCE}/acc"
 
 
