@@ -39,7 +39,8 @@ class PolicySource:
 
 
 def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
-    """Writes the policy of `checkpoint_dir` (a `global_step_N` folder) to `out_dir`; returns `out_dir`."""
+    """Writes the policy of `checkpoint_dir` (a `global_step_N` folder) to `out_dir`, says where on one
+    line, and returns `out_dir`."""
     checkpoint_dir = os.path.normpath(checkpoint_dir)
     policy_dir = os.path.join(checkpoint_dir, ENGINE_DIR)
     if not os.path.isdir(policy_dir):
@@ -52,6 +53,7 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
     engine = build_engine(source.model_path, "ref", source.model_cfg, fsdp_config, None, seed=source.seed)
     engine.load(policy_dir)
     engine.export_hf(out_dir, tokenizer=source.tokenizer)
+    print(f"{checkpoint_dir} exported (Hugging Face format): {out_dir}", flush=True)
     return out_dir
 
 
