@@ -43,7 +43,8 @@ class PolicySource:
 
 
 def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
-    """Writes the policy of `checkpoint_dir` (a `global_step_N` folder) to `out_dir`; returns `out_dir`."""
+    """Writes the policy of `checkpoint_dir` (a `global_step_N` folder) to `out_dir`, says where on one
+    line, and returns `out_dir`."""
     checkpoint_dir = os.path.normpath(checkpoint_dir)
     policy_dir = os.path.join(checkpoint_dir, ENGINE_DIR)
     if not os.path.exists(checkpoint_dir):
@@ -64,6 +65,7 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
         raise CheckpointError(f"checkpoint {checkpoint_dir} cannot be exported: {problem}. Export another "
                               "global_step_N folder of the run") from None
     engine.export_hf(out_dir, tokenizer=source.tokenizer)
+    print(f"{checkpoint_dir} exported (Hugging Face format): {out_dir}", flush=True)
     return out_dir
 
 

@@ -11,16 +11,25 @@ from ember.trainer.plot import plot_curves, rl_curve_keys
 
 
 def accuracy_table(history: list[tuple[int, dict[str, float]]], steps: int, seconds: float) -> str:
-    """Rows: accuracy per data source at the first and last validation, then steps and time."""
+    """Rows: accuracy per data source at the first and the last validation, each column headed by
+    the step it was measured at (one column when the run validated once), then steps and time."""
     if not history:
         return f"steps {steps} | time {format_duration(seconds)} (no validation set)"
-    (first_step, first), (last_step, last) = history[0], history[-1]
-    keys = [key for key in last if key.startswith("val-core/")]
+    columns = [history[0], history[-1]] if len(history) > 1 else history
+    headers = [validation_label(step) for step, _ in columns]
+    keys = [key for key in columns[-1][1] if key.startswith("val-core/")]
     width = max(len(key) for key in keys)
-    lines = [f"{'metric':<{width}}  before (step {first_step})  after (step {last_step})"]
-    lines += [f"{key:<{width}}  {first.get(key, float('nan')):>18.3f}  {last[key]:>16.3f}" for key in keys]
-    lines += [f"{'steps':<{width}}  {steps:>18d}", f"{'time':<{width}}  {format_duration(seconds):>18}"]
+    lines = ["  ".join([f"{'metric':<{width}}"] + headers)]
+    lines += ["  ".join([f"{key:<{width}}"] + [f"{metrics.get(key, float('nan')):>{len(header)}.3f}"
+                                             for (_, metrics), header in zip(columns, headers)]) for key in keys]
+    first = len(headers[0])
+    lines += [f"{'steps':<{width}}  {steps:>{first}d}", f"{'time':<{width}}  {format_duration(seconds):>{first}}"]
     return "\n".join(lines)
+
+
+def validation_label(step: int) -> str:
+    """The heading of a validation measured after `step` updates."""
+    return "before training" if step == 0 else f"after step {step}"
 
 
 def finish_rl_run(trainer, seconds: float) -> dict[str, float]:

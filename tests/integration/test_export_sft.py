@@ -34,10 +34,12 @@ def weights(directory):
     return load_file(str(directory / "model.safetensors"))
 
 
-def test_export_of_an_sft_checkpoint_loads_in_transformers_with_its_weights(sft_run, tmp_path):
+def test_export_of_an_sft_checkpoint_loads_in_transformers_with_its_weights(sft_run, tmp_path, capsys):
     model_dir, run_dir = sft_run
     out_dir = tmp_path / "step2"
+    capsys.readouterr()
     assert main(["export", str(run_dir / "global_step_2"), str(out_dir)]) == 0
+    assert capsys.readouterr().out == f"{run_dir / 'global_step_2'} exported (Hugging Face format): {out_dir}\n"
 
     # The last checkpoint holds the weights the run exported itself at its end.
     exported, final, initial = weights(out_dir), weights(run_dir / "hf_model"), weights(model_dir)
