@@ -155,7 +155,8 @@ def plan_placement(cfg: EmberConfig) -> Placement:
 
 def role_gpus(cfg: EmberConfig, role: str) -> int:
     """GPUs of `role`'s pool, or of the whole run where the pools do not fit (their errors are reported apart)."""
-    if placement_errors(cfg):
+    try:
+        return plan_placement(cfg).pool_of(role).size
+    except ConfigError:
         return world_size(cfg.trainer)
-    return plan_placement(cfg).pool_of(role).size
 
