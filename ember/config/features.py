@@ -34,17 +34,25 @@ def _yaml_text(value: Any) -> str:
 
 _A = "actor_rollout_ref"
 
+
+def _megatron_offload_rows(role: str) -> list[Row]:
+    """A trained role on strategy megatron cannot yet move its state to CPU between phases (the
+    reference can: it has only parameters)."""
+    return [(lambda cfg, key=key: value_at(cfg, role).strategy == "megatron" and getattr(value_at(cfg, role).megatron, key),
+             lambda cfg, key=key: f"{role}.megatron.{key}=true is not implemented yet for strategy megatron; "
+                                  "set it to false (or use strategy fsdp, whose offload works)")
+            for key in ("param_offload", "grad_offload", "optimizer_offload")]
+
 # The names registered in ember.algorithms (kept here so loading a config imports no torch;
 # tests/unit/test_config_features.py checks the two lists agree).
 IMPLEMENTED_ADVANTAGES = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
 IMPLEMENTED_POLICY_LOSSES = ("vanilla", "gspo")
 
 RL_UNIMPLEMENTED: list[Row] = [
-    (lambda cfg: cfg.actor_rollout_ref.actor.strategy == "megatron",
-     lambda cfg: f"{_A}.actor.strategy=megatron is not implemented yet; use fsdp"),
-    (lambda cfg: cfg.actor_rollout_ref.ref.strategy == "megatron"
-     and (cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward),
-     lambda cfg: f"{_A}.ref.strategy=megatron is not implemented yet; use fsdp"),
+    *_megatron_offload_rows(f"{_A}.actor"),
+    (lambda cfg: cfg.actor_rollout_ref.actor.strategy == "megatron" and cfg.actor_rollout_ref.rollout.name == "hf",
+     lambda cfg: f"{_A}.rollout.name=hf generates with the actor's transformers module, which strategy megatron has "
+                 "not: use rollout.name=ember (its weights are synced from the Megatron shards)"),
     (lambda cfg: cfg.critic.enable and cfg.critic.strategy == "megatron",
      lambda cfg: "critic.strategy=megatron is not implemented yet; use fsdp"),
     (lambda cfg: cfg.actor_rollout_ref.rollout.name in ("vllm", "sglang"),

@@ -117,6 +117,17 @@ class TrainEngine(ABC):
         micro-batches and ranks, `grad_norm`, `lr` (used by this step) and `skipped` (0 or 1).
         """
 
+    dp_size: int = 1
+    """Data-parallel ranks this engine's batches are split over (the loss-scaling contract's N)."""
+    dp_rank: int = 0
+    """This process's index among them."""
+
+    @property
+    def syncs_live_parameters(self) -> bool:
+        """Whether `named_parameters_for_sync` yields the live parameters themselves (at addresses
+        that stay put), so a rollout engine may share them instead of copying; False by default."""
+        return False
+
     @abstractmethod
     def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
         """Full (unsharded) weights under their Hugging Face names, in buckets of about `bucket_bytes`.

@@ -24,7 +24,7 @@ from ember.config.placement import Placement, Pool, plan_placement
 from ember.distributed.device import current_device, device_type, request_device, world_size
 from ember.distributed.ray_cluster import start_ray
 from ember.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
-from ember.engines.base import MicroBatchSpec
+from ember.engines.base import MicroBatchSpec, TrainEngine
 from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
 from ember.engines.optim import OptimOptions
 from ember.inference.config import EngineConfig
@@ -199,10 +199,17 @@ def optim_options(optim, grad_clip: float, total_rl_steps: int, updates_per_step
 
 def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: OptimOptions | None, seed: int, *,
                  use_remove_padding: bool = False, use_fused_kernels: bool = False,
-                 compile_layers: bool = False) -> FSDPEngine:
-    """An FSDP engine for `role`; the speed switches come from wherever the caller's config keeps
+                 compile_layers: bool = False, megatron=None) -> TrainEngine:
+    """The engine for `role`: Megatron when the role's `megatron` section is given (its strategy
+    is megatron), else FSDP2. The speed switches come from wherever the caller's config keeps
     them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT; compiling
-    from `actor.use_torch_compile`)."""
+    from `actor.use_torch_compile`); the Megatron engine computes on padded batches and takes
+    none of them."""
+    if megatron is not None:
+        from ember.engines.megatron.engine import MegatronEngine
+        from ember.engines.megatron.options import megatron_options
+
+        return MegatronEngine(megatron_options(model_path, role, megatron, optim))
     return FSDPEngine(EngineOptions(
         model_path=model_path, role=role, model_dtype=fsdp_config.model_dtype,
         param_dtype=compute_dtype(model_cfg.dtype), attn_implementation=model_cfg.attn_implementation,
@@ -211,6 +218,11 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         reshard_after_forward=fsdp_config.reshard_after_forward, param_offload=fsdp_config.param_offload,
         optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy,
         compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions()))
+
+
+def megatron_section(role_cfg):
+    """The role's `megatron` section when its strategy is megatron, else None (FSDP2)."""
+    return role_cfg.megatron if role_cfg.strategy == "megatron" else None
 
 
 def micro_batch_spec(use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None,
@@ -254,7 +266,7 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
         actor_updates = optimizer_steps_per_rl_step(cfg, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size)
         actor_engine = build_engine(model_path, "actor", arr.model, actor_cfg.fsdp_config,
                                     optim_options(actor_cfg.optim, actor_cfg.grad_clip, total_steps, actor_updates),
-                                    seed=cfg.trainer.seed, **speed_switches)
+                                    seed=cfg.trainer.seed, megatron=megatron_section(actor_cfg), **speed_switches)
         mini_batch_samples = actor_cfg.ppo_mini_batch_size * n // dp_size
         actor = Actor(actor_engine, ActorOptions(
             mini_batch_samples=mini_batch_samples,
@@ -270,7 +282,8 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
             use_kl_loss=actor_cfg.use_kl_loss, kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
             temperature=rollout_cfg.temperature, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
         tokenizer = load_tokenizer(cfg)
-        engine = build_rollout(rollout_cfg.name, actor_engine.module(), tokenizer.pad_token_id,
+        engine = build_rollout(rollout_cfg.name, actor_engine.module() if rollout_cfg.name == "hf" else None,
+                               tokenizer.pad_token_id,
                                max_batch_size=rollout_cfg.max_num_seqs, model_path=model_path,
                                engine_config=engine_config(rollout_cfg) if rollout_cfg.name == "ember" else None)
         if rollout_cfg.name == "ember" and actor_engine.syncs_live_parameters:
@@ -280,7 +293,7 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
     if "reference" in roles:
         ref_cfg = arr.ref
         engine = build_engine(model_path, "ref", arr.model, ref_cfg.fsdp_config, None, seed=cfg.trainer.seed,
-                              **speed_switches)
+                              megatron=megatron_section(ref_cfg), **speed_switches)
         built["reference"] = Reference(engine, micro_batch_spec(
             ref_cfg.log_prob_use_dynamic_bsz, ref_cfg.log_prob_max_token_len_per_gpu,
             ref_cfg.log_prob_micro_batch_size_per_gpu, batch_samples), temperature=arr.rollout.temperature)

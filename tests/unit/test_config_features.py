@@ -15,9 +15,11 @@ def test_defaults_need_nothing_unimplemented():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ([f"{A}.actor.strategy=megatron", "algorithm.adv_estimator=grpo"], f"{A}.actor.strategy=megatron is not implemented yet"),
+    ([f"{A}.actor.strategy=megatron", "algorithm.adv_estimator=grpo", f"{A}.actor.megatron.param_offload=true"],
+     f"{A}.actor.megatron.param_offload=true is not implemented yet for strategy megatron"),
+    ([f"{A}.actor.strategy=megatron", "algorithm.adv_estimator=grpo", f"{A}.rollout.name=hf"],
+     f"{A}.rollout.name=hf generates with the actor's transformers module, which strategy megatron has not"),
     ([f"{A}.actor.strategy=megatron"], "critic.strategy=megatron is not implemented yet"),
-    ([f"{A}.ref.strategy=megatron", f"{A}.actor.use_kl_loss=true"], f"{A}.ref.strategy=megatron is not implemented yet"),
     ([f"{A}.rollout.name=vllm"], f"{A}.rollout.name=vllm is not available in ember yet; use ember"),
     ([f"{A}.rollout.name=sglang"], f"{A}.rollout.name=sglang is not available in ember yet"),
     (["trainer.noise_injection.enabled=true"], "trainer.noise_injection.enabled=true is not implemented yet"),
@@ -35,8 +37,9 @@ def test_each_unimplemented_switch_is_named(overrides, message):
     assert message in str(error.value)
 
 
-def test_reference_strategy_only_matters_when_the_reference_runs():
-    cfg = load_config([f"{A}.ref.strategy=megatron"])
+def test_a_megatron_actor_and_reference_with_reference_offload_are_implemented():
+    cfg = load_config([f"{A}.actor.strategy=megatron", f"{A}.ref.strategy=megatron", "algorithm.adv_estimator=grpo",
+                       f"{A}.actor.use_kl_loss=true", f"{A}.ref.megatron.param_offload=true"])
     assert unimplemented_features(cfg) == []
 
 

@@ -106,6 +106,7 @@ class FSDPEngine(TrainEngine):
         self.options = options
         self.device = current_device()
         self.dp_size = world_size()
+        self.dp_rank = dist.get_rank()
         mesh = init_device_mesh(device_type(), (self.dp_size,), mesh_dim_names=("dp",))
         torch.manual_seed(options.seed)
         self.model = build_sharded_model(

@@ -1,0 +1,77 @@
+"""Backend-neutral pieces of an engine's step: micro-batches, global counts, joined outputs.
+
+Every engine (FSDP2, Megatron) cuts a batch the same way and hands its loss function the
+same `LossContext`; only the collective differs (the data-parallel group of the backend),
+so each function here takes the engine's `all_reduce(tensor, op) -> tensor`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import fields
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ember.data.batch import Batch
+from ember.engines.base import LossContext, MicroBatchSpec, ModelOutput
+from ember.engines.micro_batches import min_micro_batch_count, plan_micro_batches, trim_columns, used_extents
+
+AllReduce = Callable[[Tensor, dist.ReduceOp], Tensor]
+
+
+def micro_batches(batch: Batch, spec: MicroBatchSpec, all_reduce: AllReduce) -> tuple[list[Batch], list[list[int]]]:
+    """The micro-batches of `batch` and the sample indices each holds: `batch.split` views for a
+    fixed size (the same count checked on every rank); for a token budget, the planned groups
+    (every rank planned with the largest count any rank needs), each trimmed of the padding
+    columns none of its samples use. Fixed-size micro-batches keep the batch's width, so their
+    outputs stay bitwise those of the unsplit batch."""
+    if spec.size is not None:
+        micros = batch.split(spec.size)
+        _check_micro_batch_count(len(micros), all_reduce)
+        return micros, [list(range(start, start + len(micro)))
+                        for start, micro in zip(range(0, len(batch), spec.size), micros)]
+    lengths = batch.attention_mask.sum(dim=1).tolist()
+    local_count = torch.tensor([min_micro_batch_count(lengths, spec.max_token_len)], dtype=torch.int64)
+    count = int(all_reduce(local_count, dist.ReduceOp.MAX))
+    groups = plan_micro_batches(lengths, spec.max_token_len, count)
+    prompt_starts, response_lengths = used_extents(batch)
+    micros = [trim_columns(batch.select(group), min(prompt_starts[i] for i in group),
+                           max(response_lengths[i] for i in group)) for group in groups]
+    return micros, groups
+
+
+def _check_micro_batch_count(count: int, all_reduce: AllReduce) -> None:
+    extremes = all_reduce(torch.tensor([count, -count], dtype=torch.int64), dist.ReduceOp.MAX).tolist()
+    most, fewest = extremes[0], -extremes[1]
+    if most != fewest:
+        raise ValueError(f"ranks split their batches into {fewest} to {most} micro-batches; every rank must "
+                         "get the same number of samples (make the batch size divisible by the "
+                         "data-parallel size times the micro-batch size)")
+
+
+def loss_context(batch: Batch, dp_size: int, all_reduce: AllReduce) -> LossContext:
+    """The mini-batch's response tokens and samples summed over the data-parallel ranks."""
+    counts = torch.tensor([int(batch.response_mask.sum()), len(batch)], dtype=torch.int64)
+    num_tokens, num_sequences = all_reduce(counts, dist.ReduceOp.SUM).tolist()
+    return LossContext(num_tokens=num_tokens, num_sequences=num_sequences, dp_size=dp_size)
+
+
+def join_outputs(outputs: list[ModelOutput], groups: list[list[int]], response_length: int,
+                 device: torch.device) -> ModelOutput:
+    """One ModelOutput for the whole batch on `device`: each computed field zero-padded back to
+    `response_length` columns and its rows put back in sample order (micro-batch i holds the
+    samples `groups[i]`)."""
+    order = torch.tensor([index for group in groups for index in group], dtype=torch.long)
+    joined = {}
+    for item in fields(ModelOutput):
+        parts = [getattr(output, item.name) for output in outputs]
+        if parts[0] is None:
+            joined[item.name] = None
+            continue
+        stacked = torch.cat([torch.nn.functional.pad(part, (0, response_length - part.shape[1])) for part in parts])
+        restored = torch.empty_like(stacked)
+        restored[order.to(stacked.device)] = stacked
+        joined[item.name] = restored.to(device)
+    return ModelOutput(**joined)

@@ -1,0 +1,130 @@
+"""Megatron checkpoints: megatron-core's distributed checkpointing in, a HF folder out.
+
+`save` writes the model chunks and the optimizer (fp32 master weights and Adam moments,
+sharded as the distributed optimizer holds them) with `dist_checkpointing`, whose sharded
+tensors carry their global shapes and offsets, so a checkpoint reloads under another
+parallel layout. `export_hf` gathers the full weights through mbridge into safetensors that
+transformers loads.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+_REQUIRED = ("metadata.json",)
+
+
+_METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
+"""megatron-core's default layout of the distributed optimizer's state (each rank writes its
+own buffers in parallel)."""
+
+
+def _unwrapped(chunk: nn.Module) -> nn.Module:
+    """The GPTModel inside megatron-core's DDP and Float16Module wrappers."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
+
+
+def _sharded_state_dict(chunks: list[nn.Module], optimizer, is_loading: bool) -> dict:
+    chunks = [_unwrapped(chunk) for chunk in chunks]
+    if len(chunks) == 1:
+        state = {"model": chunks[0].sharded_state_dict(metadata=_METADATA)}
+    else:
+        state = {f"model{index}": chunk.sharded_state_dict(metadata=_METADATA) for index, chunk in enumerate(chunks)}
+    if optimizer is not None:
+        state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=is_loading, metadata=_METADATA)
+    return state
+
+
+def save_checkpoint(path: str, chunks: list[nn.Module], optimizer) -> None:
+    from megatron.core import dist_checkpointing
+
+    os.makedirs(path, exist_ok=True)
+    dist_checkpointing.save(_sharded_state_dict(chunks, optimizer, is_loading=False), path)
+
+
+def load_checkpoint(path: str, chunks: list[nn.Module], optimizer) -> None:
+    from megatron.core import dist_checkpointing
+
+    if optimizer is not None:
+        _create_optimizer_state(optimizer)
+    state = dist_checkpointing.load(_sharded_state_dict(chunks, optimizer, is_loading=True), path)
+    chunks = [_unwrapped(chunk) for chunk in chunks]
+    if len(chunks) == 1:
+        chunks[0].load_state_dict(state["model"])
+    else:
+        for index, chunk in enumerate(chunks):
+            chunk.load_state_dict(state[f"model{index}"])
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer"])
+        _unshare_step_counts(optimizer)
+
+
+def _create_optimizer_state(optimizer) -> None:
+    """Give a fresh optimizer its state tensors (and step count), which loading fills in place.
+
+    megatron-core builds the loading layout from the existing state; a PyTorch Adam has none
+    before its first step. One step at learning rate 0 on zero gradients creates it and
+    changes no weight (Adam's update and AdamW's decay are both scaled by the learning rate).
+    """
+    for megatron_optimizer in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = megatron_optimizer.optimizer
+        if inner.state:
+            continue
+        rates = [group["lr"] for group in inner.param_groups]
+        for group in inner.param_groups:
+            group["lr"] = 0.0
+            for parameter in group["params"]:
+                parameter.grad = torch.zeros_like(parameter)
+        inner.step()
+        inner.zero_grad(set_to_none=True)
+        for group, rate in zip(inner.param_groups, rates):
+            group["lr"] = rate
+
+
+def _unshare_step_counts(optimizer) -> None:
+    """Give every parameter its own Adam step counter.
+
+    Without Transformer Engine or Apex, megatron-core's distributed optimizer restores one
+    step tensor and assigns that same tensor to every parameter; PyTorch's Adam increments
+    each parameter's counter in place, so the shared one would advance once per parameter
+    per step and every later update would use the wrong bias correction.
+    """
+    for megatron_optimizer in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for parameter_state in megatron_optimizer.optimizer.state.values():
+            step = parameter_state.get("step")
+            if isinstance(step, torch.Tensor):
+                parameter_state["step"] = step.clone()
+
+
+def checkpoint_problem(path: str, extra_files: list[str]) -> str | None:
+    """None when `path` holds the files a load reads; else which one is missing or empty."""
+    if not os.path.isdir(path):
+        return f"{path} is not a folder"
+    for name in (*_REQUIRED, *extra_files):
+        if not os.path.isfile(os.path.join(path, name)):
+            return f"{os.path.join(path, name)} is missing"
+    for name in sorted(os.listdir(path)):
+        file = os.path.join(path, name)
+        if os.path.isfile(file) and os.path.getsize(file) == 0:
+            return f"{file} is empty"
+    return None
+
+
+def export_hf(out_dir: str, bridge, chunks: list[nn.Module], model_path: str, tokenizer=None) -> None:
+    """A HF folder: the weights (gathered from every parallel shard), the model's config and
+    generation config, and the tokenizer when given. Every rank calls; rank 0 writes."""
+    bridge.save_weights(chunks, out_dir)
+    if dist.get_rank() == 0:
+        generation_config = os.path.join(model_path, "generation_config.json")
+        if os.path.isfile(generation_config):
+            shutil.copy(generation_config, out_dir)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(out_dir)
+    dist.barrier()

@@ -1,0 +1,298 @@
+"""The Megatron-Core training engine: a GPTModel built by mbridge, behind `TrainEngine`.
+
+The model is split as the role's `megatron` section says (tensor, pipeline, virtual
+pipeline, context, expert parallel) and trained with megatron-core's own pieces: its
+DistributedDataParallel (gradients reduced in fp32 buckets), its optimizer (fp32 master
+weights, ZeRO-1 with `use_distributed_optimizer`), its pipeline schedules and its
+distributed checkpoints. Everything the trainer sees is ember's: Batches in, per-token
+log-probs out, a loss function under the loss-scaling contract of `engines/base.py`.
+
+Loss scaling: megatron-core divides each micro-batch's loss by the number of micro-batches
+and its data-parallel reduction averages gradients over ranks, so the engine multiplies the
+loss function's share (already normalised by the mini-batch's global counts) by both;
+gradients are then those of the one-rank, one-micro-batch step, as with FSDP2.
+
+Attention runs on the padded batch with an explicit mask (causal, and no real token
+attends padding), so left-padded prompts compute what an unpadded forward computes.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterator
+from functools import partial
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from ember.data.batch import Batch
+from ember.distributed.device import current_device, device_type
+from ember.engines.base import LossContext, LossFn, MicroBatchSpec, ModelOutput, TrainEngine
+from ember.engines.batching import join_outputs, loss_context, micro_batches
+from ember.engines.megatron.bridge import build_model_chunks, hf_named_weights, load_bridge
+from ember.engines.megatron.log_probs import vocab_parallel_log_probs
+from ember.engines.megatron.options import MegatronOptions, checked_overrides, import_megatron
+from ember.engines.megatron.parallel import initialize_layout
+from ember.engines.optim import lr_multiplier
+from ember.models.loading import resolve_dtype
+
+_SCHEDULE_FILE = "lr_schedule.json"
+
+
+class MegatronEngine(TrainEngine):
+    """A megatron-core GPTModel for one role; see the module docstring."""
+
+    def __init__(self, options: MegatronOptions):
+        import_megatron()
+        from megatron.core import parallel_state as mpu
+        from megatron.core.transformer import TransformerConfig
+
+        if options.role == "critic":
+            from ember.errors import UserError
+
+            raise UserError("critic.strategy=megatron (a value head on megatron-core) is not implemented yet; "
+                            "use critic.strategy=fsdp (the actor may stay on megatron)")
+        self.options = options
+        self.device = current_device()
+        initialize_layout(options.layout, options.seed)
+        self.dtype = resolve_dtype(options.param_dtype)
+        overrides = checked_overrides(options.override_transformer_config, TransformerConfig,
+                                      "megatron.override_transformer_config")
+        overrides = {"sequence_parallel": options.sequence_parallel and options.tensor_model_parallel_size > 1,
+                     **({"use_cpu_initialization": True} if device_type() == "cpu" else {}),
+                     **overrides}
+        self.bridge = load_bridge(options.model_path, self.dtype, overrides)
+        self.config = self.bridge.config
+        chunks = build_model_chunks(self.bridge, options.virtual_pipeline_model_parallel_size)
+        for chunk in chunks:
+            chunk.to(self.device)
+        self.bridge.load_weights(chunks, options.model_path)
+        self.chunks = self._wrap(chunks)
+        self.dp_size = mpu.get_data_parallel_world_size()
+        self.dp_rank = mpu.get_data_parallel_rank()
+        self.dp_group = mpu.get_data_parallel_group()
+        self.tp_group = mpu.get_tensor_model_parallel_group()
+        self.optimizer = self._build_optimizer() if options.trains else None
+        self.optimizer_steps = 0  # what the learning-rate schedule counts
+
+    def _wrap(self, chunks: list[nn.Module]) -> list[nn.Module]:
+        """Chunks in bf16/fp16 behind Float16Module, and under megatron-core's DDP when they train."""
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.transformer.module import Float16Module
+
+        if self.config.bf16 or self.config.fp16:
+            chunks = [Float16Module(self.config, chunk) for chunk in chunks]
+        if not self.options.trains:
+            return chunks
+        ddp_fields = {"grad_reduce_in_fp32": True, "overlap_grad_reduce": False,
+                      "use_distributed_optimizer": self.options.use_distributed_optimizer,
+                      **checked_overrides(self.options.override_ddp_config, DistributedDataParallelConfig,
+                                          "megatron.override_ddp_config")}
+        ddp_config = DistributedDataParallelConfig(**ddp_fields)
+        wrapped = [DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=chunk,
+                                           disable_bucketing=index > 0) for index, chunk in enumerate(chunks)]
+        for chunk in wrapped:
+            chunk.broadcast_params()
+        return wrapped
+
+    def _build_optimizer(self):
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        optim = self.options.optim
+        config = OptimizerConfig(
+            optimizer="adam", lr=optim.lr, min_lr=optim.lr * optim.min_lr_ratio, weight_decay=optim.weight_decay,
+            adam_beta1=optim.betas[0], adam_beta2=optim.betas[1], adam_eps=optim.eps, clip_grad=optim.clip_grad,
+            bf16=self.config.bf16, fp16=self.config.fp16, params_dtype=torch.float32,
+            use_distributed_optimizer=self.options.use_distributed_optimizer)
+        self.config.finalize_model_grads_func = finalize_model_grads
+        self.config.no_sync_func = [chunk.no_sync for chunk in self.chunks] if len(self.chunks) > 1 else \
+            self.chunks[0].no_sync
+        return get_megatron_optimizer(config, self.chunks)
+
+    # --- computing -------------------------------------------------------------------------
+
+    def _forward_backward(self, micros: list[Batch], loss_fn: LossFn | None, context: LossContext | None,
+                          compute_entropy: bool, temperature: float, entropy_grad: bool) -> list[dict]:
+        """Runs megatron-core's schedule over `micros`; returns one dict per micro-batch on the
+        last pipeline stage (log-probs/entropy when forward-only, metrics when training)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        forward_only = loss_fn is None
+        count = len(micros)
+        positions = iter(range(count))
+
+        def forward_step(data_iterator, model):
+            micro = next(data_iterator)
+            index = next(positions)
+            logits = model(input_ids=micro.input_ids, position_ids=micro.position_ids,
+                           attention_mask=_attention_mask(micro.attention_mask))
+            return logits, partial(self._loss, micro, index, loss_fn, context, count, compute_entropy, temperature,
+                                   entropy_grad)
+
+        width = max(len(micro) for micro in micros)
+        return get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter([micro.to(self.device) for micro in micros]),
+            model=self.chunks if len(self.chunks) > 1 else self.chunks[0], num_microbatches=count,
+            seq_length=max(micro.input_ids.shape[1] for micro in micros), micro_batch_size=width,
+            forward_only=forward_only)
+
+    def _loss(self, micro: Batch, index: int, loss_fn: LossFn | None, context: LossContext | None, count: int,
+              compute_entropy: bool, temperature: float, entropy_grad: bool, logits: Tensor):
+        """The schedule's loss function for one micro-batch: (loss to backpropagate, reported dict)."""
+        from megatron.core import parallel_state as mpu
+
+        positions = micro.response_prediction_positions
+        response_logits = logits[:, positions] / temperature
+        vocab_start = mpu.get_tensor_model_parallel_rank() * logits.shape[-1]
+        log_probs, entropy = vocab_parallel_log_probs(response_logits, micro.responses, self.tp_group, vocab_start,
+                                                      compute_entropy=compute_entropy, entropy_grad=entropy_grad)
+        output = ModelOutput(log_probs=log_probs, entropy=entropy)
+        if loss_fn is None:
+            return torch.zeros((), device=logits.device), {"index": index, "output": output}
+        loss, metrics = loss_fn(output, micro, context)
+        # The schedule divides by the micro-batch count; DDP averages over data-parallel ranks.
+        return loss * context.dp_size * count, {"loss_share": loss.detach(), **metrics}
+
+    def forward(self, batch: Batch, micro_batch_size: int | MicroBatchSpec, *, compute_entropy: bool = False,
+                temperature: float = 1.0) -> ModelOutput:
+        micros, groups = micro_batches(batch, MicroBatchSpec.of(micro_batch_size), self._all_reduce)
+        for chunk in self.chunks:
+            chunk.eval()
+        with torch.no_grad():
+            results = self._forward_backward(micros, None, None, compute_entropy, temperature, False)
+        outputs = self._from_last_stage([result["output"] for result in sorted(results, key=lambda r: r["index"])],
+                                        len(micros))
+        return join_outputs(outputs, groups, batch.response_length, batch.input_ids.device)
+
+    def train_mini_batch(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int | MicroBatchSpec, *,
+                         compute_entropy: bool = False, temperature: float = 1.0,
+                         entropy_grad: bool = False) -> dict[str, float]:
+        if self.optimizer is None:
+            raise RuntimeError("this engine has role 'ref' and no optimizer; build it with role 'actor' to train")
+        micros, _ = micro_batches(batch, MicroBatchSpec.of(micro_batch_size), self._all_reduce)
+        context = loss_context(batch, self.dp_size, self._all_reduce)
+        for chunk in self.chunks:
+            chunk.train()
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        results = self._forward_backward(micros, loss_fn, context, compute_entropy, temperature, entropy_grad)
+        lr = self._set_learning_rate()
+        self.optimizer.prepare_grads()
+        grad_norm = float(self.optimizer.get_grad_norm())
+        skipped = not math.isfinite(grad_norm)
+        if not skipped:
+            self.optimizer.step()
+            self.optimizer_steps += 1
+        metrics = self._reduce_metrics(results, len(micros))
+        metrics.update(grad_norm=grad_norm, lr=lr, skipped=float(skipped))
+        return metrics
+
+    def _set_learning_rate(self) -> float:
+        lr = self.options.optim.lr * lr_multiplier(self.optimizer_steps, self.options.optim)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_mult", 1.0)
+        return lr
+
+    def _reduce_metrics(self, results: list[dict], count: int) -> dict[str, float]:
+        """The loss (summed shares) and the loss function's metrics averaged over micro-batches and
+        data-parallel ranks, the same on every rank (sent from the last pipeline stage)."""
+        keys = sorted({key for result in results for key in result} - {"loss_share"})
+        local = torch.zeros(1 + len(keys), dtype=torch.float64, device=self.device)
+        for result in results:
+            local[0] += float(result["loss_share"])
+            for position, key in enumerate(keys, start=1):
+                local[position] += float(result[key]) / count
+        keys_and_values = self._from_last_stage([(keys, local)], 1)[0]
+        keys, local = keys_and_values
+        summed = self._all_reduce(local.to(self.device), dist.ReduceOp.SUM).tolist()
+        return {"loss": summed[0], **{key: value / self.dp_size for key, value in zip(keys, summed[1:])}}
+
+    def _from_last_stage(self, objects: list, count: int) -> list:
+        """`objects` as the last pipeline stage computed them, on every stage (one rank: as given)."""
+        from megatron.core import parallel_state as mpu
+
+        if mpu.get_pipeline_model_parallel_world_size() == 1:
+            return objects
+        holder = [objects if mpu.is_pipeline_last_stage() else None]
+        dist.broadcast_object_list(holder, src=mpu.get_pipeline_model_parallel_last_rank(),
+                                   group=mpu.get_pipeline_model_parallel_group())
+        return holder[0]
+
+    def _all_reduce(self, tensor: Tensor, op: dist.ReduceOp) -> Tensor:
+        tensor = tensor.to(self.device)
+        dist.all_reduce(tensor, op=op, group=self.dp_group)
+        return tensor.cpu()
+
+    # --- weights out -------------------------------------------------------------------------
+
+    def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
+        bucket: list[tuple[str, Tensor]] = []
+        size = 0
+        for name, tensor in hf_named_weights(self.bridge, self.chunks):
+            tensor = tensor.to(self.dtype)
+            bucket.append((name, tensor))
+            size += tensor.numel() * tensor.element_size()
+            if size >= bucket_bytes:
+                yield bucket
+                bucket, size = [], 0
+        if bucket:
+            yield bucket
+
+    def module(self) -> nn.Module:
+        from ember.errors import UserError
+
+        raise UserError("strategy megatron trains a megatron-core model, which transformers' generate cannot run: "
+                        "set actor_rollout_ref.rollout.name=ember (its weights are synced from the Megatron shards)")
+
+    def save(self, path: str) -> None:
+        from ember.engines.megatron.checkpoint import save_checkpoint
+
+        save_checkpoint(path, self.chunks, self.optimizer)
+        if dist.get_rank() == 0:
+            with open(os.path.join(path, _SCHEDULE_FILE), "w") as handle:
+                json.dump({"optimizer_steps": self.optimizer_steps}, handle)
+        dist.barrier()
+
+    def load(self, path: str) -> None:
+        from ember.engines.megatron.checkpoint import load_checkpoint
+
+        load_checkpoint(path, self.chunks, self.optimizer)
+        with open(os.path.join(path, _SCHEDULE_FILE)) as handle:
+            self.optimizer_steps = json.load(handle)["optimizer_steps"]
+
+    def checkpoint_problem(self, path: str) -> str | None:
+        from ember.engines.megatron.checkpoint import checkpoint_problem
+
+        return checkpoint_problem(path, [_SCHEDULE_FILE])
+
+    def export_hf(self, out_dir: str, tokenizer=None) -> None:
+        from ember.engines.megatron.checkpoint import export_hf
+
+        export_hf(out_dir, self.bridge, self.chunks, self.options.model_path, tokenizer)
+
+    # --- memory between phases ---------------------------------------------------------------
+
+    def offload(self) -> None:
+        """The reference's parameters go to CPU memory with `param_offload`; a trained role's
+        offload is refused at load time for now (config/features.py): its parameters are views
+        into megatron-core's DDP buffers, which must move as buffers."""
+        if self.options.param_offload and not self.options.trains:
+            for chunk in self.chunks:
+                chunk.to("cpu")
+
+    def onload(self) -> None:
+        if self.options.param_offload and not self.options.trains:
+            for chunk in self.chunks:
+                chunk.to(self.device)
+
+
+def _attention_mask(attention_mask: Tensor) -> Tensor:
+    """megatron-core's [b, 1, s, s] boolean mask (True = masked): causal, and no padding key."""
+    length = attention_mask.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()
+    allowed = causal.unsqueeze(0) & attention_mask.bool().unsqueeze(1)
+    return ~allowed.unsqueeze(1)

@@ -1,0 +1,112 @@
+"""What the Megatron engine needs, resolved from a role's `megatron` section.
+
+Kept free of megatron-core imports, so that a config can be checked (and a missing
+megatron-core reported) before anything heavy loads. `transformer_overrides` is where every
+`override_transformer_config` field is checked against megatron-core's `TransformerConfig`:
+an unknown field stops the run naming it, instead of being dropped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ember.engines.optim import OptimOptions
+from ember.errors import UserError
+
+INSTALL_HINT = ("pip install megatron-core mbridge einops (megatron-core ≥ 0.16; Transformer Engine is optional: "
+                "without it ember uses megatron-core's local layer spec)")
+
+
+class MegatronUnavailable(UserError):
+    """strategy megatron was asked for and megatron-core (or mbridge) cannot be imported."""
+
+
+@dataclass(frozen=True)
+class MegatronOptions:
+    """One role's Megatron engine: the model, its parallel layout, precision and optimizer."""
+
+    model_path: str
+    """Hugging Face checkpoint directory to start from (converted by mbridge)."""
+    role: str = "actor"
+    """"actor" and "critic" train; "ref" only computes log-probs."""
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    context_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    expert_tensor_parallel_size: int | None = None
+    sequence_parallel: bool = True
+    """Shard activations along the sequence in tensor-parallel regions (acts only when TP > 1)."""
+    use_distributed_optimizer: bool = True
+    param_dtype: str = "bfloat16"
+    """dtype of forward and backward (bf16/fp16 keep fp32 master weights in the optimizer)."""
+    param_offload: bool = False
+    grad_offload: bool = False
+    optimizer_offload: bool = False
+    seed: int = 42
+    """Seed of megatron-core's model-parallel random-number tracker."""
+    override_transformer_config: dict[str, Any] = field(default_factory=dict)
+    """TransformerConfig fields set as given (recompute_method, recompute_granularity, ...)."""
+    override_ddp_config: dict[str, Any] = field(default_factory=dict)
+    """DistributedDataParallelConfig fields set as given."""
+    optim: OptimOptions = field(default_factory=OptimOptions)
+
+    @property
+    def trains(self) -> bool:
+        return self.role != "ref"
+
+    @property
+    def layout(self) -> dict[str, int | None]:
+        """The parallel sizes as megatron-core's `initialize_model_parallel` names them."""
+        return dict(tensor_model_parallel_size=self.tensor_model_parallel_size,
+                    pipeline_model_parallel_size=self.pipeline_model_parallel_size,
+                    virtual_pipeline_model_parallel_size=self.virtual_pipeline_model_parallel_size,
+                    context_parallel_size=self.context_parallel_size,
+                    expert_model_parallel_size=self.expert_model_parallel_size,
+                    expert_tensor_parallel_size=self.expert_tensor_parallel_size)
+
+
+def megatron_options(model_path: str, role: str, megatron_cfg, optim: OptimOptions | None) -> MegatronOptions:
+    """MegatronOptions from a role's `megatron` config section (ember/config/schema/megatron.py)."""
+    return MegatronOptions(
+        model_path=model_path, role=role,
+        tensor_model_parallel_size=megatron_cfg.tensor_model_parallel_size,
+        pipeline_model_parallel_size=megatron_cfg.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=megatron_cfg.virtual_pipeline_model_parallel_size,
+        context_parallel_size=megatron_cfg.context_parallel_size,
+        expert_model_parallel_size=megatron_cfg.expert_model_parallel_size,
+        expert_tensor_parallel_size=megatron_cfg.expert_tensor_parallel_size,
+        sequence_parallel=megatron_cfg.sequence_parallel,
+        use_distributed_optimizer=megatron_cfg.use_distributed_optimizer,
+        param_dtype=megatron_cfg.param_dtype, param_offload=megatron_cfg.param_offload,
+        grad_offload=megatron_cfg.grad_offload, optimizer_offload=megatron_cfg.optimizer_offload,
+        seed=megatron_cfg.seed, override_transformer_config=dict(megatron_cfg.override_transformer_config or {}),
+        override_ddp_config=dict(megatron_cfg.override_ddp_config or {}), optim=optim or OptimOptions())
+
+
+def checked_overrides(overrides: dict[str, Any], config_class: type, key: str) -> dict[str, Any]:
+    """`overrides` when every name is a field of the dataclass `config_class`; else a UserError
+    naming the unknown fields, the key they came from and a few close field names."""
+    known = {item.name for item in dataclasses.fields(config_class)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        import difflib
+
+        hints = {name: difflib.get_close_matches(name, known, n=3) for name in unknown}
+        described = "; ".join(f"{name}" + (f" (did you mean {', '.join(close)}?)" if close else "")
+                              for name, close in hints.items())
+        raise UserError(f"{key}: megatron-core's {config_class.__name__} has no field {described}; "
+                        "remove it or correct its name")
+    return dict(overrides)
+
+
+def import_megatron():
+    """megatron.core, or a MegatronUnavailable saying how to install it."""
+    try:
+        import mbridge  # noqa: F401
+        import megatron.core
+    except ImportError as error:
+        raise MegatronUnavailable(f"strategy megatron needs megatron-core and mbridge ({error}); {INSTALL_HINT}") from None
+    return megatron.core

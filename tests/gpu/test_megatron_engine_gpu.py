@@ -1,0 +1,135 @@
+"""The Megatron engine at TP = PP = 1 on one GPU, against the FSDP2 engine on the same HF weights.
+
+Both compute in bf16 (Megatron over bf16 parameters with fp32 master weights in its
+optimizer, FSDP2 over fp32 master weights), so log-probs agree to bf16 rounding: the
+tolerance 0.05 nats is the one tests/gpu/test_fsdp_engine_gpu.py uses against transformers.
+After one update on the gradient-revealing optimizer (lr·g/(|g|+1)) the two engines' new
+log-probs agree as closely, which is what equal gradients look like through bf16.
+"""
+
+import pytest
+import torch
+from integration.fsdp_engine_worker import (
+    GRADIENT_REVEALING_OPTIM,
+    engine_options,
+    make_batch,
+    make_model_dir,
+    mean_log_prob_loss,
+)
+from transformers import AutoModelForCausalLM
+
+from ember.engines.fsdp.engine import FSDPEngine
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("mbridge")
+pytestmark = pytest.mark.gpu
+
+from ember.engines.megatron.engine import MegatronEngine  # noqa: E402
+from ember.engines.megatron.options import MegatronOptions  # noqa: E402
+
+TOLERANCE = 0.05
+
+
+def megatron_engine(model_dir: str, role: str = "actor", **overrides) -> MegatronEngine:
+    return MegatronEngine(MegatronOptions(model_path=model_dir, role=role, optim=GRADIENT_REVEALING_OPTIM,
+                                          **overrides))
+
+
+def test_log_probs_and_one_update_match_the_fsdp_engine(tmp_path):
+    model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
+    batch = make_batch(samples=8)
+    mask = batch.response_mask.bool()
+    fsdp = FSDPEngine(engine_options(model_dir, param_dtype="bfloat16", optim=GRADIENT_REVEALING_OPTIM))
+    megatron = megatron_engine(model_dir)
+
+    expected = fsdp.forward(batch, micro_batch_size=4, compute_entropy=True)
+    got = megatron.forward(batch, micro_batch_size=4, compute_entropy=True)
+    torch.testing.assert_close(got.log_probs[mask], expected.log_probs[mask], atol=TOLERANCE, rtol=0)
+    torch.testing.assert_close(got.entropy[mask], expected.entropy[mask], atol=TOLERANCE, rtol=0)
+
+    fsdp_metrics = fsdp.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
+    megatron_metrics = megatron.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
+    assert megatron_metrics["loss"] == pytest.approx(fsdp_metrics["loss"], abs=TOLERANCE)
+    assert megatron_metrics["grad_norm"] == pytest.approx(fsdp_metrics["grad_norm"], rel=0.05)
+    assert megatron_metrics["micro_tokens"] == pytest.approx(fsdp_metrics["micro_tokens"])
+    after_fsdp = fsdp.forward(batch, micro_batch_size=4).log_probs
+    after_megatron = megatron.forward(batch, micro_batch_size=4).log_probs
+    assert (after_megatron[mask] - got.log_probs[mask]).abs().max() > 10 * TOLERANCE  # the update moved it
+    torch.testing.assert_close(after_megatron[mask], after_fsdp[mask], atol=2 * TOLERANCE, rtol=0)
+
+
+def test_micro_batch_size_and_token_budget_give_the_same_update(tmp_path):
+    from ember.engines.base import MicroBatchSpec
+
+    model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
+    batch = make_batch(samples=8)
+    one = megatron_engine(model_dir)
+    first = one.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=8)
+    after_one = one.forward(batch, micro_batch_size=8).log_probs
+    del one
+    other = megatron_engine(model_dir)
+    second = other.train_mini_batch(batch, mean_log_prob_loss, MicroBatchSpec(max_token_len=24))
+    after_other = other.forward(batch, micro_batch_size=8).log_probs
+    assert second["grad_norm"] == pytest.approx(first["grad_norm"], rel=0.02)
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(after_other[mask], after_one[mask], atol=TOLERANCE, rtol=0)
+
+
+def test_save_load_resumes_the_same_update_and_export_loads_in_transformers(tmp_path):
+    model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
+    batch = make_batch(samples=8)
+    engine = megatron_engine(model_dir)
+    engine.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=4)
+    assert engine.checkpoint_problem(str(tmp_path / "ckpt")) is not None
+    engine.save(str(tmp_path / "ckpt"))
+    assert engine.checkpoint_problem(str(tmp_path / "ckpt")) is None
+    continued = engine.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=4)
+    continued_log_probs = engine.forward(batch, micro_batch_size=4).log_probs
+
+    resumed = megatron_engine(model_dir)
+    resumed.load(str(tmp_path / "ckpt"))
+    again = resumed.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=4)
+    assert again["loss"] == continued["loss"] and again["lr"] == continued["lr"]
+    torch.testing.assert_close(resumed.forward(batch, micro_batch_size=4).log_probs, continued_log_probs)
+
+    resumed.export_hf(str(tmp_path / "hf"))
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.bfloat16).cuda()
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids.cuda(), attention_mask=batch.attention_mask.cuda(),
+                       position_ids=batch.position_ids.cuda()).logits
+    expected = torch.log_softmax(logits[:, batch.response_prediction_positions].float(), -1).gather(
+        -1, batch.responses.cuda().unsqueeze(-1)).squeeze(-1).cpu()
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(continued_log_probs[mask], expected[mask], atol=TOLERANCE, rtol=0)
+    synced = {name for bucket in resumed.named_parameters_for_sync() for name, _ in bucket}
+    assert synced == set(model.state_dict()) - {"lm_head.weight"}  # tied to the embedding
+
+
+def test_reference_role_has_no_optimizer(tmp_path):
+    model_dir = make_model_dir("llama", str(tmp_path / "model"))
+    reference = megatron_engine(model_dir, role="ref")
+    assert reference.optimizer is None
+    output = reference.forward(make_batch(), micro_batch_size=2)
+    assert torch.isfinite(output.log_probs).all()
+
+
+def test_grpo_with_megatron_actor_and_reference_runs_checkpoints_and_resumes(tmp_path):
+    from integration.rl_helpers import metrics_by_step, prepare_inputs, run_overrides, train
+
+    from ember.trainer.checkpoint import list_checkpoints
+
+    inputs = prepare_inputs(tmp_path / "inputs")
+    run_dir = tmp_path / "run"
+    megatron = ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
+                "actor_rollout_ref.rollout.name=ember", "actor_rollout_ref.actor.use_kl_loss=true",
+                "actor_rollout_ref.ref.megatron.param_offload=true", "trainer.save_freq=2",
+                "trainer.val_before_train=false"]
+    train(run_overrides(inputs, run_dir, *megatron, "trainer.total_training_steps=2"))
+    first = metrics_by_step(run_dir)
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [2]
+    for step in (1, 2):
+        assert first[step]["actor/grad_norm"] > 0 and "actor/kl_loss" in first[step]
+    train(run_overrides(inputs, run_dir, *megatron, "trainer.total_training_steps=3",
+                        "trainer.resume_mode=auto"))
+    resumed = metrics_by_step(run_dir)
+    assert sorted(resumed) == [1, 2, 3] and resumed[3]["actor/grad_norm"] > 0

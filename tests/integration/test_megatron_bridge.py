@@ -1,0 +1,81 @@
+"""The Megatron engine's pieces that run on a CPU: HF weights into megatron-core models and back
+through mbridge (local layer spec, one gloo rank), and the errors a user can act on.
+
+megatron-core's forward needs CUDA (its attention asks for the current CUDA device), so
+log-probs, updates and checkpoints are tested in tests/gpu/test_megatron_engine_gpu.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from ember.engines.megatron.options import MegatronOptions, checked_overrides
+from ember.errors import UserError
+from fixtures import make_tiny_model_dir
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("mbridge")
+
+from ember.engines.megatron.bridge import build_model_chunks, fused_norm_name, hf_named_weights, load_bridge  # noqa: E402
+from ember.engines.megatron.parallel import initialize_layout  # noqa: E402
+
+CPU_BUILD = dict(use_cpu_initialization=True, perform_initialization=False)
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    initialize_layout(MegatronOptions(model_path="unused").layout, seed=1)
+
+
+# A tied model first: mbridge edits its name tables for tied embeddings, and the untied models
+# after it must not inherit that edit.
+@pytest.mark.parametrize("arch,tied", [("qwen2", True), ("qwen2", False), ("llama", False), ("qwen3", False)])
+def test_hf_weights_go_into_megatron_core_and_come_back_unchanged(one_rank, tmp_path, arch, tied):
+    model_dir = make_tiny_model_dir(tmp_path, arch, tie_word_embeddings=tied)
+    bridge = load_bridge(str(model_dir), torch.float32, CPU_BUILD)
+    chunks = build_model_chunks(bridge, vpp_size=None)
+    names = {name for name, _ in chunks[0].named_parameters()}
+    assert "decoder.layers.0.input_layernorm.weight" in names  # megatron-core's local spec
+    bridge.load_weights(chunks, str(model_dir))
+
+    exported = dict(hf_named_weights(bridge, chunks))
+    original = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    expected_names = set(original) - ({"lm_head.weight"} if tied else set())
+    assert set(exported) == expected_names
+    for name in expected_names:
+        torch.testing.assert_close(exported[name], original[name], rtol=0, atol=0, msg=name)
+
+
+def test_local_norm_names_map_to_the_fused_names_mbridge_knows():
+    assert fused_norm_name("decoder.layers.3.input_layernorm.weight") == \
+        "decoder.layers.3.self_attention.linear_qkv.layer_norm_weight"
+    assert fused_norm_name("decoder.layers.3.pre_mlp_layernorm.weight") == \
+        "decoder.layers.3.mlp.linear_fc1.layer_norm_weight"
+    assert fused_norm_name("decoder.layers.3.mlp.linear_fc1.weight") == "decoder.layers.3.mlp.linear_fc1.weight"
+
+
+def test_a_model_type_mbridge_does_not_know_is_named(one_rank, tmp_path):
+    model_dir = make_tiny_model_dir(tmp_path, "mistral")
+    config = (model_dir / "config.json").read_text().replace('"mistral"', '"ember-unknown"')
+    (model_dir / "config.json").write_text(config)
+    with pytest.raises(Exception) as error:
+        load_bridge(str(model_dir), torch.float32, CPU_BUILD)
+    assert "ember-unknown" in str(error.value)
+
+
+def test_an_unknown_transformer_config_field_is_named_with_close_names():
+    from megatron.core.transformer import TransformerConfig
+
+    assert checked_overrides({"recompute_method": "uniform"}, TransformerConfig, "key") == {"recompute_method": "uniform"}
+    with pytest.raises(UserError, match=r"override_transformer_config: .* no field recompute_metod \(did you mean "
+                                        r"recompute_method"):
+        checked_overrides({"recompute_metod": "uniform"}, TransformerConfig,
+                          "actor_rollout_ref.actor.megatron.override_transformer_config")
+
+
+def test_a_second_layout_in_one_process_is_refused(one_rank):
+    layout = dict(MegatronOptions(model_path="unused").layout, tensor_model_parallel_size=2)
+    with pytest.raises(UserError, match="different parallel layouts"):
+        initialize_layout(layout, seed=1)
