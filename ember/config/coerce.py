@@ -2,7 +2,8 @@
 
 Accepted conversions are the ones a YAML or command-line user expects: an integer where a
 number is wanted, a whole float (2.0, 1e3) where an integer is wanted, a number where a
-string is wanted, and a single item where a list is wanted (`trainer.logger=console`).
+string is wanted, a single item where a list is wanted (`trainer.logger=console`), and
+Python's `None` as null for a key that may be null (`...virtual_pipeline_model_parallel_size=None`).
 Anything else is a ConfigError naming the key, the value and what would be valid.
 """
 
@@ -92,6 +93,8 @@ def _convert(annotation: Any, value: Any, key: str) -> Any:
 
 
 def _convert_union(members: tuple[Any, ...], value: Any, key: str) -> Any:
+    if value == "None" and type(None) in members:  # Python's spelling of null, as seed scripts pass it
+        return None
     for member in members:
         try:
             return _convert(member, value, key)

@@ -38,7 +38,8 @@ _A = "actor_rollout_ref"
 def _megatron_offload_rows(role: str) -> list[Row]:
     """A trained role on strategy megatron cannot yet move its state to CPU between phases (the
     reference can: it has only parameters)."""
-    return [(lambda cfg, key=key: value_at(cfg, role).strategy == "megatron" and getattr(value_at(cfg, role).megatron, key),
+    return [(lambda cfg, key=key: value_at(cfg, role).strategy == "megatron"
+             and getattr(value_at(cfg, role).megatron, key, False),
              lambda cfg, key=key: f"{role}.megatron.{key}=true is not implemented yet for strategy megatron; "
                                   "set it to false (or use strategy fsdp, whose offload works)")
             for key in ("param_offload", "grad_offload", "optimizer_offload")]
@@ -86,7 +87,7 @@ RL_UNIMPLEMENTED: list[Row] = [
 ]
 
 SFT_UNIMPLEMENTED: list[Row] = [
-    (lambda cfg: cfg.model.strategy == "megatron", lambda cfg: "model.strategy=megatron is not implemented yet; use fsdp2"),
+    *_megatron_offload_rows("model"),
     _flag("model.lora_rank", "(LoRA) is not implemented yet; use 0"),
     _flag("ulysses_sequence_parallel_size"),
     _flag("model.use_liger"),

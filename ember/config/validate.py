@@ -256,6 +256,27 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
     return errors + placement_errors(cfg)
 
 
+def sft_accumulation_note(cfg: SFTConfig) -> str | None:
+    """A warning when `training.gradient_accumulation_steps` disagrees with the batch sizes.
+
+    ember follows verl's SFT meaning: `data.train_batch_size` is the global batch of one
+    optimizer step and the accumulation follows from it (train_batch_size / (micro-batch ×
+    data-parallel size)); the Megatron-style dialect's own number is only checked against it.
+    """
+    accumulation = cfg.training.gradient_accumulation_steps
+    if accumulation is None or cfg.data.use_dynamic_bsz:
+        return None
+    data_parallel = data_parallel_size(world_size(cfg.trainer), cfg.model.strategy, cfg.model.megatron,
+                                       cfg.ulysses_sequence_parallel_size)
+    micro, batch = cfg.data.micro_batch_size_per_gpu, cfg.data.train_batch_size
+    derived = batch // (micro * data_parallel)
+    if derived == accumulation:
+        return None
+    return (f"training.gradient_accumulation_steps={accumulation} disagrees with data.train_batch_size={batch} = "
+            f"micro-batch {micro} × data-parallel size {data_parallel} × accumulation {derived}; using "
+            f"{derived} (verl's meaning: train_batch_size is the global batch of one optimizer step)")
+
+
 def _sft_errors(cfg: SFTConfig) -> list[str]:
     model = cfg.model
     bounds = [*_at_least_one("data.max_length", "data.train_batch_size", "data.micro_batch_size_per_gpu",
@@ -280,12 +301,6 @@ def _sft_errors(cfg: SFTConfig) -> list[str]:
         if batch % data_parallel:
             return [f"data.train_batch_size={batch} is not divisible by the data-parallel size {data_parallel}"]
         return []
-    if accumulation is not None and micro * accumulation * data_parallel != batch:
-        hint = (f" (e.g. training.gradient_accumulation_steps={batch // (micro * data_parallel)})"
-                if batch % (micro * data_parallel) == 0 else "")
-        return [f"data.micro_batch_size_per_gpu (training.micro_batch_size_per_gpu) × training.gradient_accumulation_steps × "
-                f"data-parallel size = {micro} × {accumulation} × {data_parallel} = {micro * accumulation * data_parallel} "
-                f"does not equal data.train_batch_size={batch}; change one of them{hint}"]
     if batch % (micro * data_parallel):
         return [f"data.train_batch_size={batch} is not divisible by data.micro_batch_size_per_gpu × data-parallel size = "
                 f"{micro} × {data_parallel}; use a batch size that is a multiple of {micro * data_parallel}"]

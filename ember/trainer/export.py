@@ -23,7 +23,7 @@ from ember.config.yaml_io import read_yaml_file
 from ember.errors import UserError
 from ember.trainer.checkpoint import CheckpointError, CheckpointProblem
 from ember.trainer.resume import check_engine_files, load_engines
-from ember.trainer.rl_setup import build_engine, check_model_path
+from ember.trainer.rl_setup import build_engine, check_model_path, megatron_section
 from ember.trainer.rl_setup import load_tokenizer as load_rl_tokenizer
 from ember.trainer.sft import ENGINE_DIR
 from ember.trainer.sft import load_tokenizer as load_sft_tokenizer
@@ -40,6 +40,8 @@ class PolicySource:
     fsdp_config: Any
     tokenizer: PreTrainedTokenizerBase
     seed: int
+    megatron: Any = None
+    """The policy's `megatron` section when it trained with strategy megatron, else None."""
 
 
 def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
@@ -57,7 +59,8 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
     # "ref": weights only; the optimizer state in the checkpoint is not needed to export, nor the
     # run's CPU offload policy (refused on a machine without an accelerator, useless for one forward).
     fsdp_config = replace(source.fsdp_config, offload_policy=False)
-    engine = build_engine(source.model_path, "ref", source.model_cfg, fsdp_config, None, seed=source.seed)
+    engine = build_engine(source.model_path, "ref", source.model_cfg, fsdp_config, None, seed=source.seed,
+                          megatron=source.megatron)
     try:
         check_engine_files(checkpoint_dir, [(ENGINE_DIR, engine)])
         load_engines(checkpoint_dir, [(ENGINE_DIR, engine)])
@@ -82,13 +85,14 @@ def read_policy_source(run_dir: str) -> PolicySource:
         cfg = load_config([], config_path=config_dir, config_name=config_name, schema=EmberConfig)
         model = cfg.actor_rollout_ref.model
         check_model_path(f"actor_rollout_ref.model.path (in {path})", model.path)
-        return PolicySource(model.path, model, cfg.actor_rollout_ref.actor.fsdp_config, load_rl_tokenizer(cfg),
-                            cfg.trainer.seed)
+        actor = cfg.actor_rollout_ref.actor
+        return PolicySource(model.path, model, actor.fsdp_config, load_rl_tokenizer(cfg), cfg.trainer.seed,
+                            megatron_section(actor))
     if "partial_pretrain" in (sections.get("model") or {}):
         cfg = load_config([], config_path=config_dir, config_name=config_name, schema=SFTConfig)
         check_model_path(f"model.partial_pretrain (in {path})", cfg.model.partial_pretrain)
         return PolicySource(cfg.model.partial_pretrain, cfg.model, cfg.model.fsdp_config, load_sft_tokenizer(cfg),
-                            cfg.trainer.seed)
+                            cfg.trainer.seed, megatron_section(cfg.model))
     raise ConfigError(f"{path} is the configuration of neither an ember train run (no actor_rollout_ref section) "
                       "nor an ember sft run (no model.partial_pretrain); pass a global_step_N folder inside the run "
                       "folder of one of them")

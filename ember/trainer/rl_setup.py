@@ -221,8 +221,13 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
 
 
 def megatron_section(role_cfg):
-    """The role's `megatron` section when its strategy is megatron, else None (FSDP2)."""
-    return role_cfg.megatron if role_cfg.strategy == "megatron" else None
+    """The role's `megatron` section when its strategy is megatron (its defaults when the section
+    is absent), else None (FSDP2)."""
+    if role_cfg.strategy != "megatron":
+        return None
+    from ember.config.schema.megatron import MegatronConfig
+
+    return role_cfg.megatron or MegatronConfig()
 
 
 def micro_batch_spec(use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None,

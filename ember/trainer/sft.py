@@ -29,6 +29,7 @@ from ember.config import ConfigError, config_to_yaml
 from ember.config.parallel import world_size as configured_world_size
 from ember.config.schema import SFTConfig
 from ember.config.schema.sft import SFTOptimConfig
+from ember.config.validate import sft_accumulation_note
 from ember.data.prompt_loader import PromptLoader
 from ember.data.sft_dataset import SFTDataset, SFTExample
 from ember.distributed.device import current_device, init_distributed, rank, shutdown_distributed, world_size
@@ -42,7 +43,7 @@ from ember.trainer.faults import BadStepGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.plot import plot_curves
 from ember.trainer.resume import resume_from_checkpoint
-from ember.trainer.rl_setup import (build_engine, check_data_files, check_model_path, check_output_dir,
+from ember.trainer.rl_setup import (build_engine, megatron_section, check_data_files, check_model_path, check_output_dir,
                                     use_configured_device)
 from ember.trainer.run_state import save_run_state
 from ember.trainer.sft_step import sft_eval_sums, sft_update
@@ -64,10 +65,16 @@ class SFTTrainer:
                                          cfg.data.train_batch_size, shuffle=True, seed=cfg.trainer.seed)
         self.val_dataset = build_dataset(cfg.data.val_files, self.tokenizer, cfg) if cfg.data.val_files else None
         self.total_steps = cfg.trainer.total_training_steps or len(self.train_loader) * cfg.trainer.total_epochs
+        note = sft_accumulation_note(cfg)
+        if note:
+            logger.warning(note)
         self.engine = build_engine(cfg.model.partial_pretrain, "actor", cfg.model, cfg.model.fsdp_config,
                                    sft_optim_options(cfg.optim, self.total_steps), seed=cfg.trainer.seed,
-                                   use_remove_padding=cfg.use_remove_padding)
-        self.rank, self.dp_size = rank(), world_size()
+                                   use_remove_padding=cfg.use_remove_padding, megatron=megatron_section(cfg.model))
+        self.rank = rank()
+        # Batches split over data-parallel ranks: all ranks with FSDP2; the ranks of one tensor/pipeline
+        # group share a share with Megatron.
+        self.dp_rank, self.dp_size = self.engine.dp_rank, self.engine.dp_size
         self.step = 0
         self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_ckpt_to_keep, is_writer=self.rank == 0)
         self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, self.total_steps, enabled=self.rank == 0,
@@ -111,7 +118,7 @@ class SFTTrainer:
     def train_step(self, examples: list[SFTExample]) -> dict[str, float]:
         """One optimizer step on this rank's block of the global batch `examples`."""
         start = time.perf_counter()
-        update = sft_update(self.engine, rank_share(examples, self.rank, self.dp_size),
+        update = sft_update(self.engine, rank_share(examples, self.dp_rank, self.dp_size),
                             self.tokenizer.pad_token_id, self.micro_batches)
         seconds = time.perf_counter() - start
         self.guard.record(self.step, update["skipped"] > 0,
@@ -123,7 +130,7 @@ class SFTTrainer:
     def validation_loss(self) -> float:
         """Mean NLL per target token over the whole validation set, all ranks together."""
         examples = pad_to_multiple([self.val_dataset[i] for i in range(len(self.val_dataset))], self.dp_size)
-        nll, tokens = sft_eval_sums(self.engine, rank_share(examples, self.rank, self.dp_size),
+        nll, tokens = sft_eval_sums(self.engine, rank_share(examples, self.dp_rank, self.dp_size),
                                     self.tokenizer.pad_token_id, self.micro_batches)
         summed = torch.tensor([nll, tokens], dtype=torch.float64, device=current_device())
         dist.all_reduce(summed)

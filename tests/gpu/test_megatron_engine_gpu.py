@@ -133,3 +133,42 @@ def test_grpo_with_megatron_actor_and_reference_runs_checkpoints_and_resumes(tmp
                         "trainer.resume_mode=auto"))
     resumed = metrics_by_step(run_dir)
     assert sorted(resumed) == [1, 2, 3] and resumed[3]["actor/grad_norm"] > 0
+
+
+def test_megatron_sft_learns_like_fsdp_and_its_checkpoint_exports(tmp_path, caplog):
+    import os
+
+    from safetensors.torch import load_file
+
+    from ember.cli import main
+    from ember.data.parquet import write_parquet
+    from ember.data.preprocess.synthetic import make_arithmetic_rows, sft_row_from_rl_row
+    from ember.trainer.loggers import read_jsonl_metrics
+    from fixtures import make_tiny_model_dir
+
+    rows = [sft_row_from_rl_row(row) for row in make_arithmetic_rows("add2", 16, seed=0)]
+    model_dir = make_tiny_model_dir(tmp_path)
+    train_file = write_parquet(rows, tmp_path / "train.parquet")
+
+    def run(name: str, *extra: str) -> list[float]:
+        run_dir = tmp_path / name
+        args = ["data.multiturn.enable=true", f"data.train_files={train_file}", "data.max_length=64",
+                f"model.partial_pretrain={model_dir}", f"trainer.default_local_dir={run_dir}", "trainer.logger=[console]",
+                "data.train_batch_size=8", "optim.lr=1e-3", "trainer.total_training_steps=4", "trainer.save_freq=4",
+                "model.dtype=bfloat16", *extra]
+        assert main(["sft", *args]) == 0
+        return [record["train/loss"] for record in read_jsonl_metrics(os.path.join(run_dir, "metrics.jsonl"))]
+
+    fsdp = run("fsdp", "data.micro_batch_size_per_gpu=2")
+    megatron = run("megatron", "training.micro_batch_size_per_gpu=2", "training.gradient_accumulation_steps=2",
+                   "model.megatron.tensor_model_parallel_size=1",
+                   "model.megatron.virtual_pipeline_model_parallel_size=None")
+    assert "training.gradient_accumulation_steps=2 disagrees with data.train_batch_size=8" in caplog.text
+    assert megatron[-1] < megatron[0]
+    assert megatron == pytest.approx(fsdp, abs=0.05)
+    exported = load_file(str(tmp_path / "megatron" / "hf_model" / "model.safetensors"))
+    assert exported and all(torch.isfinite(tensor).all() for tensor in exported.values())
+    assert main(["export", str(tmp_path / "megatron" / "global_step_4"), str(tmp_path / "exported")]) == 0
+    again = load_file(str(tmp_path / "exported" / "model.safetensors"))
+    for name, tensor in exported.items():
+        torch.testing.assert_close(again[name], tensor, msg=name)
