@@ -18,7 +18,10 @@ fused` (`use_fused_kernels`), and rows on top of the last: without gradient chec
 with parameter and optimizer offload (`engine.offload()` after each step, `onload()` before
 it, both inside the timed step), with FSDP2's CPU offload policy (`offload_policy`), and
 with compiled decoder layers (`use_torch_compile`), with and without gradient checkpointing.
-The last three need an accelerator and are left out on CPU.
+The last three need an accelerator and are left out on CPU, as are the Megatron rows at the end
+(`strategy=megatron` at TP = PP = 1: megatron-core's DDP and distributed optimizer, bf16
+parameters with fp32 master weights in the optimizer, padded micro-batches or a token budget,
+full recompute as its gradient checkpointing).
 
 Columns: tokens/s counts real (non-pad) prompt and response tokens over the timed steps;
 `padding` is the share of the positions the model runs over that are padding; peak memory
@@ -139,10 +142,11 @@ class Setting:
     offload: bool = False
     offload_policy: bool = False
     compile_layers: bool = False
+    megatron: bool = False  # the Megatron engine (TP = PP = 1, distributed optimizer) instead of FSDP2
 
     @property
     def needs_accelerator(self) -> bool:
-        return self.offload_policy or self.compile_layers
+        return self.offload_policy or self.compile_layers or self.megatron
 
     def micro_batch_spec(self, workload: TrainWorkload, options: RunOptions) -> MicroBatchSpec:
         return (MicroBatchSpec(max_token_len=options.max_token_len) if self.dynamic_bsz
@@ -162,6 +166,9 @@ SETTINGS = (
     replace(ALL_ON, name=ALL_ON.name + ", compiled layers", compile_layers=True),
     replace(ALL_ON, name=ALL_ON.name + ", compiled layers, no gradient checkpointing", compile_layers=True,
             gradient_checkpointing=False),  # the GRPO benchmark's fastest update
+    Setting("megatron TP=1, padded", megatron=True),
+    Setting("megatron TP=1, dynamic bsz", megatron=True, dynamic_bsz=True),
+    Setting("megatron TP=1, dynamic bsz, no recompute", megatron=True, dynamic_bsz=True, gradient_checkpointing=False),
 )
 BASELINE, UNFUSED = SETTINGS[0].name, SETTINGS[3].name  # the rows the speed-up and the fused saving compare with
 
@@ -225,7 +232,7 @@ def micro_batch_shapes(batch: Batch, setting: Setting, workload: TrainWorkload,
 def build_actor(model_dir: str, setting: Setting, workload: TrainWorkload, options: RunOptions,
                 batch: Batch) -> Actor:
     """ember's actor on a fresh engine with `setting`'s switches: one PPO-clip update per batch."""
-    engine = FSDPEngine(EngineOptions(
+    engine = megatron_engine(model_dir, setting, options) if setting.megatron else FSDPEngine(EngineOptions(
         model_path=model_dir, role="actor", model_dtype=options.master_dtype, param_dtype=options.compute_dtype,
         attn_implementation=options.attn_implementation, enable_gradient_checkpointing=setting.gradient_checkpointing,
         use_remove_padding=setting.remove_padding, use_fused_kernels=setting.fused,
@@ -237,6 +244,19 @@ def build_actor(model_dir: str, setting: Setting, workload: TrainWorkload, optio
         policy_loss="vanilla", clip=ClipConfig(), loss_agg_mode="token-mean", entropy_coeff=0.0, use_kl_loss=False,
         kl_loss_coef=0.0, kl_loss_type="low_var_kl", temperature=1.0, norm_length=batch.response_length,
         seed=options.seed))
+
+
+def megatron_engine(model_dir: str, setting: Setting, options: RunOptions):
+    """The Megatron engine at TP = PP = 1 with the distributed optimizer; gradient checkpointing as
+    megatron-core's full recompute of every layer."""
+    from ember.engines.megatron.engine import MegatronEngine
+    from ember.engines.megatron.options import MegatronOptions
+
+    recompute = ({"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+                 if setting.gradient_checkpointing else {})
+    return MegatronEngine(MegatronOptions(model_path=model_dir, role="actor", param_dtype=options.compute_dtype,
+                                          seed=options.seed, override_transformer_config=recompute,
+                                          optim=OptimOptions()))
 
 
 def run_setting(setting: Setting, workload: TrainWorkload, model_dir: str, batches: list[Batch], vocab_size: int,

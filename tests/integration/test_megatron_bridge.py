@@ -79,3 +79,15 @@ def test_a_second_layout_in_one_process_is_refused(one_rank):
     layout = dict(MegatronOptions(model_path="unused").layout, tensor_model_parallel_size=2)
     with pytest.raises(UserError, match="different parallel layouts"):
         initialize_layout(layout, seed=1)
+
+
+def test_the_layout_is_built_again_in_a_new_process_group(one_rank):
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    layout = MegatronOptions(model_path="unused").layout
+    before = mpu.get_data_parallel_group()
+    dist.destroy_process_group()  # what a library caller does between two runs in one process
+    initialize_layout(layout, seed=1)
+    after = mpu.get_data_parallel_group()
+    assert after is not before and dist.get_world_size(after) == 1

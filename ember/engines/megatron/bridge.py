@@ -4,7 +4,8 @@ mbridge maps a HF config to a `TransformerConfig` and HF tensor names to megatro
 (splitting and merging tensor-parallel shards). ember adds three things around it:
 
 - the layer spec: Transformer Engine's when it is installed, megatron-core's local spec
-  otherwise (mbridge asks for Transformer Engine unconditionally); which one ran is logged;
+  otherwise (mbridge asks for Transformer Engine unconditionally), with its core attention on
+  PyTorch's SDPA kernels (`attention.py`); which one ran is logged;
 - the local spec's names: its norms are modules of their own (`input_layernorm`,
   `pre_mlp_layernorm`) where Transformer Engine fuses them into the next linear layer
   (`linear_qkv.layer_norm_weight`, `linear_fc1.layer_norm_weight`), so they are renamed to
@@ -23,6 +24,8 @@ from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
+
+from ember.engines.megatron.attention import sdpa_core_attention_class
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +69,7 @@ def load_bridge(model_path: str, dtype: torch.dtype, transformer_overrides: dict
         raise UserError(f"{model_path}: mbridge cannot convert model type {hf_config.model_type!r} to megatron-core; "
                         f"it knows {', '.join(sorted(_MODEL_REGISTRY))} (or use strategy fsdp)")
     use_te = transformer_engine_available()
-    logger.info("megatron: %s layer spec", "Transformer Engine" if use_te else "megatron-core local (no Transformer Engine)")
+    logger.info("megatron: %s layer spec", "Transformer Engine" if use_te else "megatron-core local with SDPA attention (no Transformer Engine)")
     bridge = _ember_bridge_class(_MODEL_REGISTRY[hf_config.model_type], use_te)(hf_config, dtype=dtype)
     bridge.set_extra_args(**transformer_overrides)
     return bridge
@@ -89,7 +92,12 @@ def _ember_bridge_class(bridge_class: type, use_te: bool) -> type:
             super().__init__(*args, **kwargs)
 
         def _get_transformer_layer_spec(self, vp_stage=None):
-            return get_gpt_decoder_block_spec(self.config, use_transformer_engine=use_te, vp_stage=vp_stage)
+            spec = get_gpt_decoder_block_spec(self.config, use_transformer_engine=use_te, vp_stage=vp_stage)
+            if not use_te:
+                core_attention = sdpa_core_attention_class()
+                for layer in spec.layer_specs:
+                    layer.submodules.self_attention.submodules.core_attention = core_attention
+            return spec
 
         def _weight_name_mapping_mcore_to_hf(self, mcore_weights_name: str) -> list[str]:
             return super()._weight_name_mapping_mcore_to_hf(fused_norm_name(mcore_weights_name))

@@ -291,8 +291,14 @@ class MegatronEngine(TrainEngine):
 
 
 def _attention_mask(attention_mask: Tensor) -> Tensor:
-    """megatron-core's [b, 1, s, s] boolean mask (True = masked): causal, and no padding key."""
+    """megatron-core's [b, 1, s, s] boolean mask (True = masked): causal, and no padding key.
+
+    Every position also sees itself, so that a padding query (before a left-padded prompt)
+    has one key: a row with none would be NaN in fused attention, and its NaN gradient would
+    reach every key in backward. Real tokens see themselves anyway.
+    """
     length = attention_mask.shape[1]
     causal = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()
-    allowed = causal.unsqueeze(0) & attention_mask.bool().unsqueeze(1)
+    itself = torch.eye(length, dtype=torch.bool, device=attention_mask.device)
+    allowed = causal.unsqueeze(0) & (attention_mask.bool().unsqueeze(1) | itself)
     return ~allowed.unsqueeze(1)

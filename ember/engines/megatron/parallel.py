@@ -14,16 +14,23 @@ from ember.distributed.device import device_type, init_distributed, world_size
 from ember.errors import UserError
 
 _layout: dict | None = None
+_world_group = None  # the torch.distributed group the layout was built in
 
 
 def initialize_layout(layout: dict[str, int | None], seed: int) -> None:
     """Set megatron-core's parallel state for `layout` (MegatronOptions.layout) and seed its
     model-parallel random-number tracker; a second call with the same layout does nothing."""
-    global _layout
+    global _layout, _world_group
+    import torch.distributed as dist
     from megatron.core import parallel_state as mpu
     from megatron.core import tensor_parallel
 
     init_distributed()
+    if _layout is not None and dist.group.WORLD is not _world_group:
+        # The process group was destroyed and made again (a library caller's second run in one
+        # process): the groups megatron-core holds belong to the old one.
+        mpu.destroy_model_parallel()
+        _layout = None
     if _layout is not None:
         if layout != _layout:
             raise UserError(f"two Megatron roles in one process ask for different parallel layouts ({_layout} and "
@@ -35,7 +42,7 @@ def initialize_layout(layout: dict[str, int | None], seed: int) -> None:
     if device_type() == "cuda":
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
     torch.manual_seed(seed)
-    _layout = dict(layout)
+    _layout, _world_group = dict(layout), dist.group.WORLD
 
 
 def _check_divides(layout: dict[str, int | None]) -> None:

@@ -1,0 +1,54 @@
+"""Core attention for megatron-core's local layer spec on PyTorch's fused SDPA kernels.
+
+megatron-core's own `DotProductAttention` (the local spec's, used without Transformer
+Engine) materialises the [b, heads, s, s] scores and softmax in fp32 and, for sizes its
+fused-softmax CUDA extension would handle, imports that extension, which a plain pip install
+does not have. This module takes its place in the layer spec: the same inputs ([s, b, heads,
+head_dim] query, key and value; ember's boolean mask, True = masked), one
+`scaled_dot_product_attention` call (grouped-query heads passed through), no [s, s] scores
+kept for backward.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+
+def sdpa_core_attention_class():
+    """The module class (built lazily: it subclasses megatron-core's MegatronModule)."""
+    from megatron.core.transformer.module import MegatronModule
+
+    class SDPACoreAttention(MegatronModule):
+        """Drop-in for megatron-core's DotProductAttention on torch SDPA; see the module docstring."""
+
+        def __init__(self, config, layer_number: int, attn_mask_type, attention_type: str,
+                     attention_dropout: float | None = None, softmax_scale: float | None = None,
+                     cp_comm_type: str | None = None, pg_collection=None):
+            super().__init__(config=config)
+            if config.context_parallel_size != 1:
+                from ember.errors import UserError
+
+                raise UserError("megatron.context_parallel_size > 1 needs Transformer Engine's attention; install "
+                                "transformer-engine or set context_parallel_size: 1")
+            self.dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+            self.scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+
+        def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                    attn_mask_type=None, attention_bias=None, packed_seq_params=None) -> Tensor:
+            if packed_seq_params is not None:
+                raise ValueError("packed sequences need Transformer Engine's attention (megatron-core's THD format)")
+            # [s, b, heads, dim] -> [b, heads, s, dim]
+            q, k, v = (tensor.permute(1, 2, 0, 3) for tensor in (query, key, value))
+            keep = None if attention_mask is None else ~attention_mask
+            context = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, attn_mask=keep, is_causal=attention_mask is None,
+                dropout_p=self.dropout if self.training else 0.0, scale=self.scale,
+                enable_gqa=q.shape[1] != k.shape[1])
+            # [b, heads, s, dim] -> [s, b, heads * dim]
+            batch, heads, length, dim = context.shape
+            return context.permute(2, 0, 1, 3).reshape(length, batch, heads * dim)
+
+    return SDPACoreAttention
