@@ -35,6 +35,23 @@ def _yaml_text(value: Any) -> str:
 _A = "actor_rollout_ref"
 
 
+def _megatron_rows(role: str) -> list[Row]:
+    """Megatron keys of a role whose code has not landed: offload of a trained role, initial weights
+    from a Megatron checkpoint, model-constructor overrides."""
+    def megatron(cfg):
+        section = value_at(cfg, role)
+        return section.megatron if section.strategy == "megatron" and section.megatron is not None else None
+
+    return [*(_megatron_offload_rows(role) if role != f"{_A}.ref" else []),
+            (lambda cfg: megatron(cfg) is not None and megatron(cfg).use_dist_checkpointing,
+             lambda cfg: f"{role}.megatron.use_dist_checkpointing=true (initial weights from a Megatron checkpoint) is "
+                         "not implemented yet; start from the HF model (ember converts it with mbridge)"),
+            (lambda cfg: megatron(cfg) is not None and bool(megatron(cfg).override_mcore_model_config),
+             lambda cfg: f"{role}.megatron.override_mcore_model_config="
+                         f"{sorted(megatron(cfg).override_mcore_model_config)} is not implemented yet; remove it "
+                         "(TransformerConfig fields go in override_transformer_config)")]
+
+
 def _megatron_offload_rows(role: str) -> list[Row]:
     """A trained role on strategy megatron cannot yet move its state to CPU between phases (the
     reference can: it has only parameters)."""
@@ -50,7 +67,8 @@ IMPLEMENTED_ADVANTAGES = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinfor
 IMPLEMENTED_POLICY_LOSSES = ("vanilla", "gspo")
 
 RL_UNIMPLEMENTED: list[Row] = [
-    *_megatron_offload_rows(f"{_A}.actor"),
+    *_megatron_rows(f"{_A}.actor"),
+    *_megatron_rows(f"{_A}.ref"),
     (lambda cfg: cfg.actor_rollout_ref.actor.strategy == "megatron" and cfg.actor_rollout_ref.rollout.name == "hf",
      lambda cfg: f"{_A}.rollout.name=hf generates with the actor's transformers module, which strategy megatron has "
                  "not: use rollout.name=ember (its weights are synced from the Megatron shards)"),
@@ -87,7 +105,7 @@ RL_UNIMPLEMENTED: list[Row] = [
 ]
 
 SFT_UNIMPLEMENTED: list[Row] = [
-    *_megatron_offload_rows("model"),
+    *_megatron_rows("model"),
     _flag("model.lora_rank", "(LoRA) is not implemented yet; use 0"),
     _flag("ulysses_sequence_parallel_size"),
     _flag("model.use_liger"),

@@ -8,6 +8,7 @@ the components never see the whole configuration.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ from ember.workers.actor import Actor, ActorOptions
 from ember.workers.critic import Critic, CriticOptions
 from ember.workers.reference import Reference
 from ember.workers.rollout import PolicyRollout
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -209,6 +212,11 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         from ember.engines.megatron.engine import MegatronEngine
         from ember.engines.megatron.options import megatron_options
 
+        ignored = [name for name, on in (("use_remove_padding", use_remove_padding), ("use_fused_kernels", use_fused_kernels),
+                                         ("use_torch_compile", compile_layers)) if on]
+        if ignored:
+            logger.info("%s on strategy megatron: %s do not apply (it runs padded micro-batches or token budgets)",
+                        role, ", ".join(ignored))
         return MegatronEngine(megatron_options(model_path, role, megatron, optim))
     return FSDPEngine(EngineOptions(
         model_path=model_path, role=role, model_dtype=fsdp_config.model_dtype,

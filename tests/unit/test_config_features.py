@@ -98,3 +98,15 @@ def test_fsdp_offload_policy_is_accepted_and_refused_only_where_there_is_no_acce
     if device_type() == "cpu":
         with pytest.raises(ValueError, match="computes on the CPU already: set offload_policy=false"):
             EngineOptions(model_path="unused", offload_policy=True)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("use_dist_checkpointing", "true", "use_dist_checkpointing=true (initial weights from a Megatron checkpoint) is not "
+                                      "implemented yet"),
+    ("override_mcore_model_config", "{rotary_percent: 0.5}", "override_mcore_model_config=['rotary_percent'] is not "
+                                                             "implemented yet"),
+])
+def test_megatron_keys_without_code_are_refused_by_name(key, value, message):
+    cfg = load_config([f"{A}.actor.strategy=megatron", "algorithm.adv_estimator=grpo", f"{A}.actor.megatron.{key}={value}"])
+    with pytest.raises(NotImplementedFeature, match=re.escape(f"{A}.actor.megatron.{message}")):
+        check_implemented(cfg)

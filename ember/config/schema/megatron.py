@@ -36,7 +36,12 @@ class MegatronConfig:
     grad_offload: bool = field_(False, "keep gradients in CPU memory while the role is idle")
     optimizer_offload: bool = field_(False, "keep optimizer state in CPU memory while the role is idle")
     seed: int = field_(42, "seed of Megatron's model-parallel random-number tracker")
-    use_mbridge: bool = field_(False, "convert HF checkpoints with mbridge instead of ember's converter")
+    use_mbridge: bool = field_(
+        False, "verl's switch for converting HF checkpoints with mbridge; ember always converts with mbridge, so both "
+               "values mean the same")
     override_transformer_config: dict[str, Any] = field_(
         {}, "extra Megatron TransformerConfig fields (e.g. recompute_method, recompute_num_layers), passed as given")
     override_ddp_config: dict[str, Any] = field_({}, "extra Megatron DistributedDataParallelConfig fields, passed as given")
+    override_mcore_model_config: dict[str, Any] = field_(
+        {}, "extra arguments of megatron-core's model constructor (verl's key); not applied yet: a non-empty value "
+            "stops a real run")
