@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -26,12 +26,12 @@ from torch.distributed.tensor import DTensor
 
 from ember.data.batch import Batch
 from ember.distributed.device import current_device, device_type, init_distributed, world_size
-from ember.engines.base import LossContext, LossFn, MicroBatchSpec, ModelOutput, TrainEngine
+from ember.engines.base import LossFn, MicroBatchSpec, ModelOutput, TrainEngine
+from ember.engines.batching import join_outputs, loss_context, micro_batches
 from ember.engines.fsdp.checkpoint import checkpoint_problem, export_hf_model, load_checkpoint, save_checkpoint
 from ember.engines.fsdp.model_init import build_sharded_model
 from ember.engines.fsdp.offload import CPU, HostCopies, move_optimizer_state, move_parameters
 from ember.engines.log_probs import compute_response_log_probs
-from ember.engines.micro_batches import min_micro_batch_count, plan_micro_batches, trim_columns, used_extents
 from ember.engines.optim import OptimOptions, build_lr_scheduler, build_optimizer
 from ember.engines.varlen_attention import packed_attention_implementation
 from ember.models.loading import resolve_dtype
@@ -139,12 +139,11 @@ class FSDPEngine(TrainEngine):
 
     def forward(self, batch: Batch, micro_batch_size: int | MicroBatchSpec, *, compute_entropy: bool = False,
                 temperature: float = 1.0) -> ModelOutput:
-        micro_batches, groups = self._micro_batches(batch, MicroBatchSpec.of(micro_batch_size))
+        micros, groups = micro_batches(batch, MicroBatchSpec.of(micro_batch_size), self._all_reduce)
         self.model.eval()
         with torch.no_grad():
-            outputs = [self._model_output(micro.to(self.device), compute_entropy, temperature)
-                       for micro in micro_batches]
-        return _join_outputs(outputs, groups, batch.response_length, batch.input_ids.device)
+            outputs = [self._model_output(micro.to(self.device), compute_entropy, temperature) for micro in micros]
+        return join_outputs(outputs, groups, batch.response_length, batch.input_ids.device)
 
     def train_mini_batch(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int | MicroBatchSpec, *,
                          compute_entropy: bool = False, temperature: float = 1.0,
@@ -152,14 +151,14 @@ class FSDPEngine(TrainEngine):
         if self.optimizer is None:
             raise RuntimeError("this engine has role 'ref' and no optimizer; "
                                "build it with role 'actor' or 'critic' to train")
-        micro_batches, _ = self._micro_batches(batch, MicroBatchSpec.of(micro_batch_size))
-        context = self._loss_context(batch)
+        micros, _ = micro_batches(batch, MicroBatchSpec.of(micro_batch_size), self._all_reduce)
+        context = loss_context(batch, self.dp_size, self._all_reduce)
         self.model.train()
         # Totals stay on the device until the end: a host sync per micro-batch would stall
         # the launch queue, and a small model's update is bound by kernel launches.
         loss_share_total = torch.zeros((), device=self.device)
         metric_totals: dict[str, Tensor | float] = {}
-        for micro in micro_batches:
+        for micro in micros:
             micro = micro.to(self.device)
             output = self._model_output(micro, compute_entropy, temperature, entropy_grad)
             loss, metrics = loss_fn(output, micro, context)
@@ -180,7 +179,7 @@ class FSDPEngine(TrainEngine):
 
         keys = sorted(metric_totals)
         local = torch.stack([torch.as_tensor(value, dtype=torch.float64, device=self.device)
-                             for value in [loss_share_total] + [metric_totals[key] / len(micro_batches) for key in keys]])
+                             for value in [loss_share_total] + [metric_totals[key] / len(micros) for key in keys]])
         summed = self._all_reduce(local, dist.ReduceOp.SUM).tolist()
         result = {"loss": summed[0]}
         result.update({key: value / self.dp_size for key, value in zip(keys, summed[1:])})
@@ -204,38 +203,6 @@ class FSDPEngine(TrainEngine):
         if tensor.device != self.device:
             tensor = tensor.to(self.device)
         return tensor.full_tensor()
-
-    def _loss_context(self, batch: Batch) -> LossContext:
-        counts = torch.tensor([int(batch.response_mask.sum()), len(batch)], dtype=torch.int64)
-        num_tokens, num_sequences = self._all_reduce(counts, dist.ReduceOp.SUM).tolist()
-        return LossContext(num_tokens=num_tokens, num_sequences=num_sequences, dp_size=self.dp_size)
-
-    def _micro_batches(self, batch: Batch, spec: MicroBatchSpec) -> tuple[list[Batch], list[list[int]]]:
-        """The micro-batches of `batch` and the sample indices each holds: `batch.split` views
-        for a fixed size; for a token budget, the planned groups, each trimmed of the padding
-        columns none of its samples use (fixed-size micro-batches keep the batch's width, so
-        their outputs stay bitwise those of the unsplit batch)."""
-        if spec.size is not None:
-            micro_batches = batch.split(spec.size)
-            self._check_micro_batch_count(len(micro_batches))
-            return micro_batches, [list(range(start, start + len(micro)))
-                                   for start, micro in zip(range(0, len(batch), spec.size), micro_batches)]
-        lengths = batch.attention_mask.sum(dim=1).tolist()
-        local_count = torch.tensor([min_micro_batch_count(lengths, spec.max_token_len)], dtype=torch.int64)
-        count = int(self._all_reduce(local_count, dist.ReduceOp.MAX))
-        groups = plan_micro_batches(lengths, spec.max_token_len, count)
-        prompt_starts, response_lengths = used_extents(batch)
-        micro_batches = [trim_columns(batch.select(group), min(prompt_starts[i] for i in group),
-                                      max(response_lengths[i] for i in group)) for group in groups]
-        return micro_batches, groups
-
-    def _check_micro_batch_count(self, count: int) -> None:
-        extremes = self._all_reduce(torch.tensor([count, -count], dtype=torch.int64), dist.ReduceOp.MAX).tolist()
-        most, fewest = extremes[0], -extremes[1]
-        if most != fewest:
-            raise ValueError(f"ranks split their batches into {fewest} to {most} micro-batches; every rank must "
-                             "get the same number of samples (make the batch size divisible by the "
-                             "data-parallel size times the micro-batch size)")
 
     def _all_reduce(self, tensor: Tensor, op: dist.ReduceOp) -> Tensor:
         tensor = tensor.to(self.device)
@@ -308,22 +275,3 @@ class FSDPEngine(TrainEngine):
             move_parameters(self.model, self.device)
         if self.options.optimizer_offload and self.optimizer is not None:
             move_optimizer_state(self.optimizer, self.device)
-
-
-def _join_outputs(outputs: list[ModelOutput], groups: list[list[int]], response_length: int,
-                  device: torch.device) -> ModelOutput:
-    """One ModelOutput for the whole batch on `device`: each computed field zero-padded back to
-    `response_length` columns and its rows put back in sample order (micro-batch i holds the
-    samples `groups[i]`)."""
-    order = torch.tensor([index for group in groups for index in group], dtype=torch.long)
-    joined = {}
-    for item in fields(ModelOutput):
-        parts = [getattr(output, item.name) for output in outputs]
-        if parts[0] is None:
-            joined[item.name] = None
-            continue
-        stacked = torch.cat([torch.nn.functional.pad(part, (0, response_length - part.shape[1])) for part in parts])
-        restored = torch.empty_like(stacked)
-        restored[order.to(stacked.device)] = stacked
-        joined[item.name] = restored.to(device)
-    return ModelOutput(**joined)
