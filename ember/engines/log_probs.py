@@ -94,7 +94,7 @@ def _fused_head(model: nn.Module, inputs: dict, keep: Tensor, targets: Tensor, t
                                              entropy_grad=entropy_grad)
         return torch.stack([log_probs] if entropy is None else [log_probs, entropy], dim=-1)
 
-    with _replaced_forward(head, log_probs_instead_of_logits):
+    with replaced_forward(head, log_probs_instead_of_logits):
         stacked = model(**inputs, use_cache=False, logits_to_keep=keep).logits
     stacked = stacked.reshape(*targets.shape, -1)
     return stacked[..., 0], stacked[..., 1] if compute_entropy else None
@@ -105,7 +105,7 @@ _LOGIT_RESCALING = ("final_logit_softcapping", "logits_scaling", "logit_scale")
 
 
 @contextmanager
-def _replaced_forward(module: nn.Module, forward) -> Iterator[None]:
+def replaced_forward(module: nn.Module, forward) -> Iterator[None]:
     """`module` computes `forward` instead of its own for the duration of the block."""
     own = module.__dict__.get("forward")  # a forward set on the instance (by a hook library), kept
     module.forward = forward

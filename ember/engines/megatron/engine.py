@@ -12,6 +12,10 @@ and its data-parallel reduction averages gradients over ranks, so the engine mul
 loss function's share (already normalised by the mini-batch's global counts) by both;
 gradients are then those of the one-rank, one-micro-batch step, as with FSDP2.
 
+At TP = 1 the LM head computes fused log-probs (chunked, no [tokens × vocabulary] logits),
+as the FSDP2 engine's `use_fused_kernels`; with tensor parallelism each rank's vocabulary
+slice goes through `log_probs.py`'s vocabulary-parallel reductions.
+
 Attention runs on the padded batch with an explicit mask (causal, and no real token
 attends padding), so left-padded prompts compute what an unpadded forward computes.
 """
@@ -22,6 +26,7 @@ import json
 import math
 import os
 from collections.abc import Iterator
+from contextlib import nullcontext
 from functools import partial
 
 import torch
@@ -32,6 +37,8 @@ from ember.data.batch import Batch
 from ember.distributed.device import current_device, device_type
 from ember.engines.base import LossContext, LossFn, MicroBatchSpec, ModelOutput, TrainEngine
 from ember.engines.batching import join_outputs, loss_context, micro_batches
+from ember.engines.fused_log_probs import fused_log_probs
+from ember.engines.log_probs import replaced_forward
 from ember.engines.megatron.bridge import build_model_chunks, hf_named_weights, load_bridge
 from ember.engines.megatron.log_probs import vocab_parallel_log_probs
 from ember.engines.megatron.options import MegatronOptions, checked_overrides, import_megatron
@@ -128,10 +135,13 @@ class MegatronEngine(TrainEngine):
         def forward_step(data_iterator, model):
             micro = next(data_iterator)
             index = next(positions)
-            logits = model(input_ids=micro.input_ids, position_ids=micro.position_ids,
-                           attention_mask=_attention_mask(micro.attention_mask))
-            return logits, partial(self._loss, micro, index, loss_fn, context, count, compute_entropy, temperature,
-                                   entropy_grad)
+            head = _output_layer(model)
+            fused = head is not None and self.options.tensor_model_parallel_size == 1
+            with (_fused_head(head, micro, temperature, compute_entropy, entropy_grad) if fused else nullcontext()):
+                output = model(input_ids=micro.input_ids, position_ids=micro.position_ids,
+                               attention_mask=_attention_mask(micro.attention_mask))
+            return output, partial(self._loss, micro, index, loss_fn, context, count, compute_entropy, temperature,
+                                   entropy_grad, fused)
 
         width = max(len(micro) for micro in micros)
         return get_forward_backward_func()(
@@ -141,18 +151,24 @@ class MegatronEngine(TrainEngine):
             forward_only=forward_only)
 
     def _loss(self, micro: Batch, index: int, loss_fn: LossFn | None, context: LossContext | None, count: int,
-              compute_entropy: bool, temperature: float, entropy_grad: bool, logits: Tensor):
-        """The schedule's loss function for one micro-batch: (loss to backpropagate, reported dict)."""
+              compute_entropy: bool, temperature: float, entropy_grad: bool, fused: bool, model_output: Tensor):
+        """The schedule's loss function for one micro-batch: (loss to backpropagate, reported dict).
+
+        `model_output` is [b, R, 1 or 2] stacked log-prob (and entropy) when the head was fused,
+        else the vocabulary-parallel logits [b, P+R, V/TP]."""
         from megatron.core import parallel_state as mpu
 
-        positions = micro.response_prediction_positions
-        response_logits = logits[:, positions] / temperature
-        vocab_start = mpu.get_tensor_model_parallel_rank() * logits.shape[-1]
-        log_probs, entropy = vocab_parallel_log_probs(response_logits, micro.responses, self.tp_group, vocab_start,
-                                                      compute_entropy=compute_entropy, entropy_grad=entropy_grad)
+        if fused:
+            log_probs = model_output[..., 0]
+            entropy = model_output[..., 1] if compute_entropy else None
+        else:
+            response_logits = model_output[:, micro.response_prediction_positions] / temperature
+            vocab_start = mpu.get_tensor_model_parallel_rank() * model_output.shape[-1]
+            log_probs, entropy = vocab_parallel_log_probs(response_logits, micro.responses, self.tp_group, vocab_start,
+                                                          compute_entropy=compute_entropy, entropy_grad=entropy_grad)
         output = ModelOutput(log_probs=log_probs, entropy=entropy)
         if loss_fn is None:
-            return torch.zeros((), device=logits.device), {"index": index, "output": output}
+            return torch.zeros((), device=model_output.device), {"index": index, "output": output}
         loss, metrics = loss_fn(output, micro, context)
         # The schedule divides by the micro-batch count; DDP averages over data-parallel ranks.
         return loss * context.dp_size * count, {"loss_share": loss.detach(), **metrics}
@@ -288,6 +304,32 @@ class MegatronEngine(TrainEngine):
         if self.options.param_offload and not self.options.trains:
             for chunk in self.chunks:
                 chunk.to(self.device)
+
+
+def _output_layer(chunk: nn.Module) -> nn.Module | None:
+    """The LM head of a model chunk inside its wrappers; None on a stage without one."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return getattr(chunk, "output_layer", None) if getattr(chunk, "post_process", False) else None
+
+
+def _fused_head(head: nn.Module, micro: Batch, temperature: float, compute_entropy: bool, entropy_grad: bool):
+    """For one forward, the LM head computes the response tokens' log-probs (and entropy) from the
+    hidden states chunk by chunk (`engines/fused_log_probs.py`) instead of logits: the [tokens ×
+    vocabulary] logits of the whole sequence never exist. At TP = 1 the head holds the whole
+    vocabulary, so the fused computation is exact; the weight's gradient reaches DDP as usual."""
+    positions = micro.response_prediction_positions
+    targets = micro.responses.transpose(0, 1)  # [R, b], sequence-first as megatron-core's hidden states
+
+    def log_probs_instead_of_logits(hidden: Tensor, weight: Tensor | None = None, runtime_gather_output=None):
+        hidden = hidden[positions]  # [R, b, H]
+        log_probs, entropy = fused_log_probs(
+            hidden.reshape(-1, hidden.shape[-1]), head.weight if weight is None else weight, targets.reshape(-1),
+            temperature=temperature, compute_entropy=compute_entropy, entropy_grad=entropy_grad)
+        stacked = torch.stack([log_probs] if entropy is None else [log_probs, entropy], dim=-1)
+        return stacked.reshape(*targets.shape, -1), None
+
+    return replaced_forward(head, log_probs_instead_of_logits)
 
 
 def _attention_mask(attention_mask: Tensor) -> Tensor:

@@ -4,7 +4,11 @@ With tensor parallelism each rank holds logits for its slice of the vocabulary
 [..., V/TP]; the log-softmax needs the maximum and the sum of exponentials over the whole
 vocabulary, so both are all-reduced over the tensor-parallel group and no rank ever holds
 the full [..., V] logits. At TP = 1 the group has one rank and this is the plain
-computation. Entropy = log Z − Σ p·logit, from the same two reductions plus one more.
+computation. Entropy = log Z − Σ exp(logit)·logit / Z.
+
+Every quantity past a reduction is computed alike on every rank, which is what lets the
+reduction's backward pass its gradient through unchanged (each rank's slice of a sum gets the
+sum's gradient); a rank-local use of a reduced value would need its gradient summed too.
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ def vocab_parallel_log_probs(logits: Tensor, targets: Tensor, group, vocab_start
     if compute_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             source = shifted if entropy_grad else shifted.detach()
-            z = log_z if entropy_grad else log_z.detach()
-            probs = (source - z.unsqueeze(-1)).exp()
-            expected_logit = _AllReduceSum.apply((probs * source).sum(dim=-1), group)
-            entropy = z - expected_logit
+            exp = source.exp()
+            # Both sums all-reduced before anything else uses them: every rank then computes the
+            # same entropy from the same totals, so each rank's gradient is its own slice's.
+            total = _AllReduceSum.apply(exp.sum(dim=-1), group)
+            weighted = _AllReduceSum.apply((exp * source).sum(dim=-1), group)
+            entropy = total.log() - weighted / total
     return log_probs, entropy
