@@ -69,13 +69,16 @@ IMPLEMENTED_POLICY_LOSSES = ("vanilla", "gspo")
 RL_UNIMPLEMENTED: list[Row] = [
     *_megatron_rows(f"{_A}.actor"),
     *_megatron_rows(f"{_A}.ref"),
-    (lambda cfg: cfg.actor_rollout_ref.actor.strategy == "megatron" and cfg.actor_rollout_ref.rollout.name == "hf",
+    (lambda cfg: cfg.actor_rollout_ref.actor.strategy == "megatron" and cfg.actor_rollout_ref.rollout.engine == "hf",
      lambda cfg: f"{_A}.rollout.name=hf generates with the actor's transformers module, which strategy megatron has "
                  "not: use rollout.name=ember (its weights are synced from the Megatron shards)"),
     (lambda cfg: cfg.critic.enable and cfg.critic.strategy == "megatron",
      lambda cfg: "critic.strategy=megatron is not implemented yet; use fsdp"),
-    (lambda cfg: cfg.actor_rollout_ref.rollout.name in ("vllm", "sglang"),
-     lambda cfg: f"{_A}.rollout.name={cfg.actor_rollout_ref.rollout.name} is not available in ember yet; use ember (its own engine) or hf"),
+    (lambda cfg: cfg.actor_rollout_ref.rollout.require_named_engine
+     and cfg.actor_rollout_ref.rollout.engine != cfg.actor_rollout_ref.rollout.name,
+     lambda cfg: f"{_A}.rollout.name={cfg.actor_rollout_ref.rollout.name} with rollout.require_named_engine=true: "
+                 f"{cfg.actor_rollout_ref.rollout.name} itself is not available in ember; drop require_named_engine "
+                 "to run on ember's own engine, or use ember or hf"),
     _flag(f"{_A}.rollout.tensor_model_parallel_size",
           "(one generation engine over several GPUs) is not implemented yet; use 1 (each GPU generates its share)"),
     _flag("trainer.noise_injection.enabled"),

@@ -238,7 +238,7 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
     if rollout.max_model_len is not None and rollout.max_model_len < rollout.prompt_length + rollout.response_length:
         errors.append(f"{_ROLLOUT}.max_model_len={rollout.max_model_len} is shorter than prompt_length + response_length = "
                       f"{rollout.prompt_length} + {rollout.response_length}; raise it or set it to null")
-    if rollout.name == "hf" and actor.fsdp_config.offload_policy:
+    if rollout.engine == "hf" and actor.fsdp_config.offload_policy:
         errors.append(f"{_ROLLOUT}.name=hf generates with the actor's own module, whose weights "
                       f"{_ACTOR}.fsdp_config.offload_policy=true keeps in CPU memory: use {_ROLLOUT}.name=ember "
                       "(its own copy on the GPU) or param_offload/optimizer_offload instead of the policy")

@@ -228,6 +228,19 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions()))
 
 
+def stand_in_note(rollout_cfg) -> str:
+    """What a run with `rollout.name` vllm or sglang is told: ember's engine runs in its place, with
+    the keys it honours, and the set keys it does not."""
+    name = rollout_cfg.name
+    ignored = [f"load_format={rollout_cfg.load_format}"] if rollout_cfg.load_format != "dummy_dtensor" else []
+    ignored += [f"engine_kwargs.{name}.{key}" for key in sorted(rollout_cfg.engine_kwargs.get(name) or {})]
+    ignored += ["layered_summon=true"] if rollout_cfg.layered_summon else []
+    note = (f"actor_rollout_ref.rollout.name={name}: ember's own engine generates in its place, honouring "
+            "gpu_memory_utilization, enforce_eager, free_cache_engine, max_num_batched_tokens, max_num_seqs, "
+            "enable_chunked_prefill and the sampling keys (set rollout.require_named_engine=true to stop instead)")
+    return note + (f"; not applied: {', '.join(ignored)}" if ignored else "")
+
+
 def megatron_section(role_cfg):
     """The role's `megatron` section when its strategy is megatron (its defaults when the section
     is absent), else None (FSDP2)."""
@@ -295,11 +308,13 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
             use_kl_loss=actor_cfg.use_kl_loss, kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
             temperature=rollout_cfg.temperature, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
         tokenizer = load_tokenizer(cfg)
-        engine = build_rollout(rollout_cfg.name, actor_engine.module() if rollout_cfg.name == "hf" else None,
-                               tokenizer.pad_token_id,
+        name = rollout_cfg.engine
+        if name != rollout_cfg.name:
+            logger.warning(stand_in_note(rollout_cfg))
+        engine = build_rollout(name, actor_engine.module() if name == "hf" else None, tokenizer.pad_token_id,
                                max_batch_size=rollout_cfg.max_num_seqs, model_path=model_path,
-                               engine_config=engine_config(rollout_cfg) if rollout_cfg.name == "ember" else None)
-        if rollout_cfg.name == "ember" and actor_engine.syncs_live_parameters:
+                               engine_config=engine_config(rollout_cfg) if name == "ember" else None)
+        if name == "ember" and actor_engine.syncs_live_parameters:
             engine.share_training_weights()  # the actor's tensors themselves become the engine's weights
         built["actor"] = actor
         built["rollout"] = PolicyRollout(engine, actor, free_cache_engine=rollout_cfg.free_cache_engine)

@@ -28,6 +28,22 @@ def test_grpo_with_the_ember_engine_syncs_trained_weights(inputs, tmp_path):
     assert 0.0 <= metrics[3][next(key for key in metrics[3] if key.endswith("/acc"))] <= 1.0
 
 
+def test_a_vllm_script_runs_on_the_ember_engine_and_says_so(inputs, tmp_path, caplog):
+    from ember.rollout.ember_rollout import EmberRollout
+
+    trainer = build_trainer(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.rollout.name=vllm",
+                                          "actor_rollout_ref.rollout.load_format=safetensors",
+                                          "trainer.total_training_steps=1"))
+    try:
+        assert isinstance(trainer.parts.rollout.in_process().rollout, EmberRollout)
+        trainer.fit()
+    finally:
+        close(trainer)
+    assert "rollout.name=vllm: ember's own engine generates in its place" in caplog.text
+    assert "not applied: load_format=safetensors" in caplog.text
+    assert all_finite([metrics_by_step(tmp_path / "run")[1]["actor/pg_loss"]])
+
+
 def test_the_ember_engine_generates_what_the_hf_rollout_generates(inputs, tmp_path):
     ember = build_trainer(run_overrides(inputs, tmp_path / "ember", "actor_rollout_ref.rollout.name=ember"))
     hf = build_trainer(run_overrides(inputs, tmp_path / "hf"))

@@ -20,8 +20,8 @@ def test_defaults_need_nothing_unimplemented():
     ([f"{A}.actor.strategy=megatron", "algorithm.adv_estimator=grpo", f"{A}.rollout.name=hf"],
      f"{A}.rollout.name=hf generates with the actor's transformers module, which strategy megatron has not"),
     ([f"{A}.actor.strategy=megatron"], "critic.strategy=megatron is not implemented yet"),
-    ([f"{A}.rollout.name=vllm"], f"{A}.rollout.name=vllm is not available in ember yet; use ember"),
-    ([f"{A}.rollout.name=sglang"], f"{A}.rollout.name=sglang is not available in ember yet"),
+    ([f"{A}.rollout.name=vllm", f"{A}.rollout.require_named_engine=true"],
+     f"{A}.rollout.name=vllm with rollout.require_named_engine=true: vllm itself is not available in ember"),
     (["trainer.noise_injection.enabled=true"], "trainer.noise_injection.enabled=true is not implemented yet"),
     (["nla.enable=true", "nla.train_files=a.parquet"], "nla.enable=true is not implemented yet"),
     (["reward_model.enable=true", "reward_model.model.path=/rm"], "reward_model.enable=true is not implemented yet"),
@@ -61,7 +61,7 @@ def test_packing_and_fused_kernels_are_implemented():
 
 
 def test_several_switches_are_listed_together():
-    cfg = load_config([f"{A}.rollout.name=vllm", f"{A}.model.use_liger=true"])
+    cfg = load_config([f"{A}.model.lora_rank=8", f"{A}.model.use_liger=true"])
     messages = unimplemented_features(cfg)
     assert len(messages) == 2
     with pytest.raises(NotImplementedFeature, match="not implemented yet:\n  - "):
@@ -110,3 +110,24 @@ def test_megatron_keys_without_code_are_refused_by_name(key, value, message):
     cfg = load_config([f"{A}.actor.strategy=megatron", "algorithm.adv_estimator=grpo", f"{A}.actor.megatron.{key}={value}"])
     with pytest.raises(NotImplementedFeature, match=re.escape(f"{A}.actor.megatron.{message}")):
         check_implemented(cfg)
+
+
+def test_vllm_and_sglang_names_run_on_embers_engine():
+    for name in ("vllm", "sglang"):
+        cfg = load_config([f"{A}.rollout.name={name}"])
+        assert cfg.actor_rollout_ref.rollout.engine == "ember" and cfg.actor_rollout_ref.rollout.name == name
+        assert unimplemented_features(cfg) == []
+    assert load_config([f"{A}.rollout.name=hf"]).actor_rollout_ref.rollout.engine == "hf"
+
+
+def test_the_stand_in_note_names_what_it_honours_and_what_it_does_not():
+    from ember.trainer.rl_setup import stand_in_note
+
+    rollout = load_config([f"{A}.rollout.name=vllm", f"{A}.rollout.load_format=safetensors",
+                           f"+{A}.rollout.engine_kwargs.vllm.swap_space=4"]).actor_rollout_ref.rollout
+    note = stand_in_note(rollout)
+    assert note.startswith(f"{A}.rollout.name=vllm: ember's own engine generates in its place")
+    assert "gpu_memory_utilization" in note and "require_named_engine=true" in note
+    assert note.endswith("not applied: load_format=safetensors, engine_kwargs.vllm.swap_space")
+    plain = stand_in_note(load_config([f"{A}.rollout.name=sglang"]).actor_rollout_ref.rollout)
+    assert "not applied" not in plain

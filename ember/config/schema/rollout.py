@@ -10,6 +10,8 @@ from typing import Any, Literal
 from ember.config.schema.base import field_, follow, section
 
 RolloutName = Literal["ember", "hf", "vllm", "sglang"]
+STAND_IN_NAMES = ("vllm", "sglang")
+"""Engines ember does not ship, whose names run on ember's own engine (scripts written for verl set them)."""
 RolloutDType = Literal["auto", "float32", "bfloat16", "float16", "fp32", "bf16", "fp16"]
 
 _ACTOR = "actor_rollout_ref.actor"
@@ -32,7 +34,11 @@ class RolloutConfig:
 
     name: RolloutName = field_(
         "ember", "generation engine: ember (ember's own: paged KV cache, continuous batching, CUDA graphs), "
-        "hf (transformers generate on the actor's module, the reference), vllm, sglang (not available)")
+        "hf (transformers generate on the actor's module, the reference); vllm and sglang run on ember's engine "
+        "(see require_named_engine)")
+    require_named_engine: bool = field_(
+        False, "true: a name of an engine ember does not ship (vllm, sglang) stops the run instead of running on "
+               "ember's own engine")
     mode: Literal["sync", "async"] = field_(
         "sync", "sync generates a whole batch at once; async serves requests from agent loops")
     temperature: float = field_(1.0, "sampling temperature")
@@ -69,3 +75,8 @@ class RolloutConfig:
     engine_kwargs: dict[str, Any] = field_(
         {"vllm": {}, "sglang": {}}, "extra arguments per external engine (engine_kwargs.vllm.*, engine_kwargs.sglang.*)")
     val_kwargs: ValidationSamplingConfig = section(ValidationSamplingConfig, "sampling for validation")
+
+    @property
+    def engine(self) -> str:
+        """The engine that runs: `name`, except that ember's own engine stands in for vllm and sglang."""
+        return "ember" if self.name in STAND_IN_NAMES else self.name
