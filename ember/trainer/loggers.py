@@ -1,5 +1,5 @@
 """Metric sinks for a run: console (one line per step with elapsed time and ETA),
-TensorBoard, and a jsonl file that is always written; the experiment trackers wandb and
+TensorBoard (under `$TENSORBOARD_DIR` when set), and a jsonl file that is always written; the experiment trackers wandb and
 MLflow live in experiment_trackers.py.
 
 `MetricLogger.log(step, metrics)` fans one dict of floats out to every sink. The jsonl file
@@ -106,6 +106,12 @@ class TensorBoardSink:
         self.writer.close()
 
 
+def tensorboard_dir(run_dir: str) -> str:
+    """Where TensorBoard events go: `$TENSORBOARD_DIR` when set (as verl and siiRL scripts export it
+    before running `tensorboard --logdir` on it), else `run_dir/tensorboard`."""
+    return os.environ.get("TENSORBOARD_DIR") or os.path.join(run_dir, "tensorboard")
+
+
 SUPPORTED_LOGGERS = ("console", "tensorboard", "jsonl", *TRACKER_SINKS)
 
 
@@ -140,7 +146,7 @@ class MetricLogger:
         if "console" in self.names:
             self.sinks.append(ConsoleSink(self.total_steps))
         if "tensorboard" in self.names:
-            self.sinks.append(TensorBoardSink(os.path.join(self.run_dir, "tensorboard"), first_step))
+            self.sinks.append(TensorBoardSink(tensorboard_dir(self.run_dir), first_step))
         self.sinks.append(JsonlSink(os.path.join(self.run_dir, "metrics.jsonl"), first_step))
         for name, sink in TRACKER_SINKS.items():
             if name in self.names:

@@ -50,3 +50,12 @@ def test_a_fresh_start_drops_everything_an_earlier_run_logged(tmp_path):
 def test_logging_before_start_is_refused(tmp_path):
     with pytest.raises(RuntimeError, match="before start"):
         MetricLogger(str(tmp_path), ["console"], total_steps=1).log(1, {"loss": 1.0})
+
+
+def test_tensorboard_dir_in_the_environment_is_where_events_go(tmp_path, monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_DIR", str(tmp_path / "tb"))
+    log_steps(tmp_path / "run", None, [1, 2], value=0.0)
+    accumulator = EventAccumulator(str(tmp_path / "tb"))
+    accumulator.Reload()
+    assert [(event.step, event.value) for event in accumulator.Scalars("loss")] == [(1, 1.0), (2, 2.0)]
+    assert not (tmp_path / "run" / "tensorboard").exists()
