@@ -50,6 +50,7 @@ class Scores:
     scores: torch.Tensor  # [B] sequence rewards
     accuracies: torch.Tensor  # [B] the reward function's `acc` where it gives one, else the score
     metrics: dict[str, float]
+    extras: dict[str, list[float]]  # the numbers the reward function returned beside its score, per sample
 
 
 def score_experience(manager: RewardManager, experience: Experience) -> Scores:
@@ -66,7 +67,7 @@ def score_experience(manager: RewardManager, experience: Experience) -> Scores:
         finite = [value for value in values if value == value]
         if finite:
             metrics[f"reward/{key}/mean"] = sum(finite) / len(finite)
-    return Scores(scores=scores, accuracies=accuracies, metrics=metrics)
+    return Scores(scores=scores, accuracies=accuracies, metrics=metrics, extras=dict(result.extras))
 
 
 def token_level_scores(batch: Batch, scores: torch.Tensor) -> torch.Tensor:

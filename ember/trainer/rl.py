@@ -35,6 +35,7 @@ from ember.trainer.rl_setup import RLComponents, build_components, use_configure
 from ember.trainer.resume import resume_from_checkpoint
 from ember.trainer.run_state import save_run_state
 from ember.trainer.summary import finish_rl_run
+from ember.trainer.dumps import generation_records, sequence_advantages, write_generations
 from ember.trainer.validation import validate, validation_sampling
 
 logger = logging.getLogger("ember.trainer")
@@ -119,10 +120,10 @@ class RLTrainer:
                 with timed(timings, "gen_max"):
                     reward_baselines = self.greedy_reward_baselines(prompts)
             parts.rollout.sleep()
-            balance_metrics = {}
+            balance_metrics, balance_order = {}, None
             if cfg.trainer.balance_batch:
                 balanced = balance_batch(batch, parts.actor.dp_size)
-                batch, balance_metrics = balanced.batch, balanced.metrics
+                batch, balance_metrics, balance_order = balanced.batch, balanced.metrics, balanced.permutation
                 if reward_baselines is not None:  # one per sample: follows the new order
                     reward_baselines = reward_baselines[balanced.permutation]
             if parts.actor.needs_old_log_probs(len(batch)):
@@ -136,6 +137,8 @@ class RLTrainer:
                     batch.values = parts.critic.compute_values(batch)
             with timed(timings, "adv"):
                 metrics = self.compute_advantages(batch, reward_baselines)
+            if cfg.trainer.rollout_data_dir and rank() == 0:
+                self.dump_rollouts(experience, scored, batch, balance_order)
             critic_update = None
             if parts.critic is not None:  # started first: a critic in its own pool updates beside the actor
                 with timed(timings, "update_critic"):
@@ -155,6 +158,17 @@ class RLTrainer:
         metrics.update(compute_timing_metrics(timings, batch))
         metrics["training/epoch"] = float(parts.train_loader.epoch)
         return metrics
+
+    def dump_rollouts(self, experience, scored, batch, order) -> None:
+        """This step's samples to `trainer.rollout_data_dir`, in generation order (`order`: the
+        balanced batch's sample i is generated sample order[i])."""
+        advantages = sequence_advantages(batch.advantages, batch.response_mask)
+        if order is not None:
+            restored = torch.empty_like(advantages)
+            restored[torch.as_tensor(order)] = advantages
+            advantages = restored
+        write_generations(self.cfg.trainer.rollout_data_dir, self.step,
+                          generation_records(experience, scored, self.step, advantages))
 
     def greedy_reward_baselines(self, prompts) -> torch.Tensor:
         """ReMax's baseline: the reward of one greedy response per prompt, for each of its samples."""
@@ -197,13 +211,17 @@ class RLTrainer:
         cfg, parts = self.cfg, self.parts
         sampling = validation_sampling(cfg.actor_rollout_ref.rollout.val_kwargs, cfg.data.max_response_length,
                                        parts.eos_token_ids, seed=cfg.actor_rollout_ref.rollout.seed)
-        metrics, experiences = validate(parts.rollout, parts.val_dataset, parts.reward_manager, parts.tokenizer,
-                                        sampling, parts.eos_token_ids, batch_size=cfg.data.val_batch_size)
+        metrics, scored = validate(parts.rollout, parts.val_dataset, parts.reward_manager, parts.tokenizer,
+                                   sampling, parts.eos_token_ids, batch_size=cfg.data.val_batch_size)
         parts.rollout.sleep()
         self.validation_history.append((self.step, metrics))
+        if cfg.trainer.validation_data_dir and rank() == 0:
+            write_generations(cfg.trainer.validation_data_dir, self.step,
+                              [record for experience, scores in scored
+                               for record in generation_records(experience, scores, self.step)])
         shown = cfg.trainer.log_val_generations
         if shown and rank() == 0:
-            experience = experiences[0]
+            experience = scored[0][0]
             for prompt, response in list(zip(experience.prompts, experience.responses))[:shown]:
                 logger.info("validation sample | prompt: %r | response: %r | ground truth: %r",
                             prompt.prompt_text, response, prompt.ground_truth)

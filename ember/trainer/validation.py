@@ -13,7 +13,7 @@ from collections import defaultdict
 from ember.data.rl_dataset import RLDataset
 from ember.rewards import RewardManager
 from ember.rollout import RolloutEngine, SamplingParams
-from ember.trainer.experience import Experience, generate_experience, score_experience
+from ember.trainer.experience import Experience, Scores, generate_experience, score_experience
 
 DEFAULT_BATCH_SIZE = 512  # prompts per rollout call when data.val_batch_size is null
 
@@ -26,9 +26,11 @@ def validation_sampling(val_kwargs, max_new_tokens: int, stop_ids: list[int], se
 
 
 def validate(rollout: RolloutEngine, dataset: RLDataset, manager: RewardManager, tokenizer, sampling: SamplingParams,
-             stop_ids: list[int], batch_size: int | None = None) -> tuple[dict[str, float], list[Experience]]:
+             stop_ids: list[int], batch_size: int | None = None
+             ) -> tuple[dict[str, float], list[tuple[Experience, Scores]]]:
     """Metrics `val-core/<data_source>/acc`, `val-core/mean/acc`, `val-aux/<data_source>/score`,
-    `val/reward_errors` and `val/reward_timeouts`; prompts in batches of `batch_size` (null: 512)."""
+    `val/reward_errors` and `val/reward_timeouts`, and each batch's experience with its scores;
+    prompts in batches of `batch_size` (null: 512)."""
     batch_size = batch_size or DEFAULT_BATCH_SIZE
     accuracies: dict[str, list[float]] = defaultdict(list)
     scores: dict[str, list[float]] = defaultdict(list)
@@ -45,7 +47,7 @@ def validate(rollout: RolloutEngine, dataset: RLDataset, manager: RewardManager,
                                            result.scores.tolist()):
             accuracies[source].append(accuracy)
             scores[source].append(score)
-        experiences.append(experience)
+        experiences.append((experience, result))
     metrics = {}
     for source in sorted(accuracies):
         metrics[f"val-core/{source}/acc"] = sum(accuracies[source]) / len(accuracies[source])
