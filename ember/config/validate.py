@@ -206,6 +206,28 @@ def _layout(section: Any) -> tuple:
     return section.strategy, section.ulysses_sequence_parallel_size, sizes
 
 
+def _dapo_errors(cfg: EmberConfig) -> list[str]:
+    """DAPO's dynamic sampling and overlong shaping: what they need to mean anything."""
+    errors = []
+    groups, overlong = cfg.algorithm.filter_groups, cfg.reward_model.overlong_buffer
+    if groups.enable and groups.metric is None:
+        errors.append("algorithm.filter_groups.enable=true needs algorithm.filter_groups.metric (acc, score, "
+                      "seq_reward or seq_final_reward): the number whose spread within a group keeps it")
+    if groups.max_num_gen_batches < 0:
+        errors.append(f"algorithm.filter_groups.max_num_gen_batches={groups.max_num_gen_batches}: use 0 (no limit) "
+                      "or a positive number of generation rounds")
+    if cfg.data.gen_batch_size is not None and cfg.data.gen_batch_size < 1:
+        errors.append(f"data.gen_batch_size={cfg.data.gen_batch_size}: give at least 1 prompt per round, or null")
+    if overlong.enable:
+        if cfg.reward_model.reward_manager != "dapo":
+            errors.append(f"reward_model.overlong_buffer.enable=true shapes rewards in the dapo reward manager, but "
+                          f"reward_model.reward_manager={cfg.reward_model.reward_manager}: set it to dapo")
+        if not 0 < overlong.len <= cfg.data.max_response_length:
+            errors.append(f"reward_model.overlong_buffer.len={overlong.len}: give a length in 1.."
+                          f"{cfg.data.max_response_length} (data.max_response_length)")
+    return errors
+
+
 def _rl_errors(cfg: EmberConfig) -> list[str]:
     errors = _bound_errors(cfg, _rl_bounds(cfg)) + _logger_package_errors(cfg.trainer.logger)
     world = world_size(cfg.trainer)
@@ -245,6 +267,7 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
     if cfg.algorithm.adv_estimator == "gae" and not critic.enable:
         errors.append("algorithm.adv_estimator=gae needs a critic but critic.enable=false; "
                       "remove critic.enable=false or choose a critic-free estimator such as grpo")
+    errors += _dapo_errors(cfg)
     if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path is None:
         errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (the checkpoint folder to resume from)")
     if cfg.reward_model.enable and cfg.reward_model.model.path is None:

@@ -26,7 +26,7 @@ from ember.distributed.worker_group import WorkerError
 from ember.rollout import SamplingParams
 from ember.trainer.balance import balance_batch
 from ember.trainer.checkpoint import CheckpointManager
-from ember.trainer.experience import generate_experience, score_experience, token_level_scores
+from ember.trainer.experience import Experience, Scores, generate_experience, score_experience, token_level_scores
 from ember.trainer.experiment_trackers import TrackedRun
 from ember.trainer.faults import BadStepGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
@@ -36,6 +36,7 @@ from ember.trainer.resume import resume_from_checkpoint
 from ember.trainer.run_state import save_run_state
 from ember.trainer.summary import finish_rl_run
 from ember.trainer.dumps import generation_records, sequence_advantages, write_generations
+from ember.trainer.dynamic_sampling import sample_dynamically, shape_overlong
 from ember.trainer.validation import validate, validation_sampling
 
 logger = logging.getLogger("ember.trainer")
@@ -81,40 +82,34 @@ class RLTrainer:
             return self.validation_history[-1][1] if self.validation_history else {}
         with StopRequest() as stop:
             while self.step < parts.total_steps:
-                for prompts in parts.train_loader:
-                    self.step += 1
-                    try:
-                        metrics = self.train_step(prompts)
-                    except WorkerError as error:  # the worker's rank, role and traceback, and the step
-                        raise WorkerError(f"step {self.step}: {error}\nThe last checkpoint stays loadable: rerun "
-                                          "with trainer.resume_mode=auto to go on from it") from None
-                    last = self.step >= parts.total_steps
-                    if parts.val_dataset is not None and (last or _every(cfg.trainer.test_freq, self.step)):
-                        metrics.update(self.validate())
-                    self.logger.log(self.step, metrics)
-                    if self.guard.should_stop:
-                        raise RuntimeError(f"{self.guard.stop_message()}. Lower the learning rate or check the data.")
-                    checkpoint_due = last or _every(cfg.trainer.save_freq, self.step) or stop.requested
-                    saved = self.save() if checkpoint_due else False
-                    if stop.requested and not last:  # a stop on the last step finishes the run
-                        logger.warning("stopping at step %d on %s; %s, resume with trainer.resume_mode=auto", self.step,
-                                       stop.signal_name, "checkpoint saved" if saved else "no checkpoint saved")
-                        return {}
-                    if last:
-                        break
+                prompts = self.next_prompts()
+                self.step += 1
+                try:
+                    metrics = self.train_step(prompts)
+                except WorkerError as error:  # the worker's rank, role and traceback, and the step
+                    raise WorkerError(f"step {self.step}: {error}\nThe last checkpoint stays loadable: rerun "
+                                      "with trainer.resume_mode=auto to go on from it") from None
+                last = self.step >= parts.total_steps
+                if parts.val_dataset is not None and (last or _every(cfg.trainer.test_freq, self.step)):
+                    metrics.update(self.validate())
+                self.logger.log(self.step, metrics)
+                if self.guard.should_stop:
+                    raise RuntimeError(f"{self.guard.stop_message()}. Lower the learning rate or check the data.")
+                checkpoint_due = last or _every(cfg.trainer.save_freq, self.step) or stop.requested
+                saved = self.save() if checkpoint_due else False
+                if stop.requested and not last:  # a stop on the last step finishes the run
+                    logger.warning("stopping at step %d on %s; %s, resume with trainer.resume_mode=auto", self.step,
+                                   stop.signal_name, "checkpoint saved" if saved else "no checkpoint saved")
+                    return {}
         return finish_rl_run(self, time.monotonic() - start_time)
 
     def train_step(self, prompts) -> dict[str, float]:
         cfg, parts = self.cfg, self.parts
         timings: dict[str, float] = {}
         with timed(timings, "step"):
-            with timed(timings, "gen"):
-                experience = generate_experience(parts.rollout, prompts, self.sampling(), parts.tokenizer,
-                                                 parts.eos_token_ids, uid_prefix=f"step{self.step}")
+            experience, scored, sampling_metrics = self.generate_and_score(prompts, timings)
             batch = experience.batch
-            with timed(timings, "reward"):
-                scored = score_experience(parts.reward_manager, experience)
-                batch.token_level_scores = token_level_scores(batch, scored.scores)
+            batch.token_level_scores = token_level_scores(batch, scored.scores)
             reward_baselines = None
             if cfg.algorithm.adv_estimator == "remax":
                 with timed(timings, "gen_max"):
@@ -152,12 +147,40 @@ class RLTrainer:
             self.guard.record(self.step, metrics.get("actor/skipped", 0.0) > 0 or metrics.get("critic/skipped", 0.0) > 0,
                               {key: metrics[key] for key in WATCHED_METRICS if key in metrics})
         metrics.update(scored.metrics)
+        metrics.update(sampling_metrics)
         metrics.update(balance_metrics)
         metrics["critic/acc/mean"] = scored.accuracies.mean().item()
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, parts.critic is not None))
         metrics.update(compute_timing_metrics(timings, batch))
         metrics["training/epoch"] = float(parts.train_loader.epoch)
         return metrics
+
+    def next_prompts(self) -> list:
+        """The loader's next batch of prompts (the next epoch's first after the last of one)."""
+        return next(iter(self.parts.train_loader))
+
+    def generate_and_score(self, prompts, timings: dict[str, float]) -> tuple[Experience, Scores, dict[str, float]]:
+        """This step's samples and their scores (overlong-shaped with the dapo reward manager). With
+        `algorithm.filter_groups` (DAPO's dynamic sampling) groups whose samples all scored alike
+        are dropped and more prompts are generated until `data.train_batch_size` groups are kept."""
+        cfg = self.cfg
+
+        def one_round(round_prompts, uid_prefix: str) -> tuple[Experience, Scores]:
+            with timed(timings, "gen"):
+                experience = generate_experience(self.parts.rollout, round_prompts, self.sampling(),
+                                                 self.parts.tokenizer, self.parts.eos_token_ids, uid_prefix=uid_prefix)
+            with timed(timings, "reward"):
+                scored = score_experience(self.parts.reward_manager, experience)
+                if cfg.reward_model.reward_manager == "dapo" and cfg.reward_model.overlong_buffer.enable:
+                    scored = shape_overlong(experience, scored, cfg.reward_model.overlong_buffer,
+                                            cfg.data.max_response_length)
+            return experience, scored
+
+        experience, scored = one_round(prompts, f"step{self.step}")
+        if not cfg.algorithm.filter_groups.enable:
+            return experience, scored, {}
+        return sample_dynamically(experience, scored, one_round, self.next_prompts, cfg.algorithm.filter_groups,
+                                  cfg.data.train_batch_size, f"step{self.step}")
 
     def dump_rollouts(self, experience, scored, batch, order) -> None:
         """This step's samples to `trainer.rollout_data_dir`, in generation order (`order`: the

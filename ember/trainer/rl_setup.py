@@ -228,6 +228,18 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions()))
 
 
+def prompts_per_round(cfg: EmberConfig) -> int:
+    """Prompts the loader hands out per generation round: `data.gen_batch_size` with DAPO's dynamic
+    sampling (several rounds may make one step), else `data.train_batch_size`."""
+    if cfg.algorithm.filter_groups.enable and cfg.data.gen_batch_size:
+        return cfg.data.gen_batch_size
+    if cfg.data.gen_batch_size and cfg.data.gen_batch_size != cfg.data.train_batch_size:
+        logger.warning("data.gen_batch_size=%d applies to DAPO's dynamic sampling only (algorithm.filter_groups."
+                       "enable=true); each step generates data.train_batch_size=%d prompts", cfg.data.gen_batch_size,
+                       cfg.data.train_batch_size)
+    return cfg.data.train_batch_size
+
+
 def stand_in_note(rollout_cfg) -> str:
     """What a run with `rollout.name` vllm or sglang is told: ember's engine runs in its place, with
     the keys it honours, and the set keys it does not."""
@@ -388,7 +400,7 @@ def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLCompone
     arr = cfg.actor_rollout_ref
     tokenizer = load_tokenizer(cfg)
     train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg)
-    train_loader = PromptLoader(train_dataset, cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed)
+    train_loader = PromptLoader(train_dataset, prompts_per_round(cfg), shuffle=cfg.data.shuffle, seed=cfg.data.seed)
     val_dataset = build_dataset(cfg.data.val_files, tokenizer, cfg) if cfg.data.val_files else None
     total_steps = total_training_steps(cfg, len(train_loader))
     groups = build_worker_groups(cfg, total_steps, use_ray)

@@ -26,6 +26,20 @@ class KLControlConfig:
 
 
 @dataclass
+class FilterGroupsConfig:
+    """DAPO's dynamic sampling: drop prompt groups whose samples all scored alike, generate more."""
+
+    enable: bool = field_(False, "keep only groups whose metric varies; generate data.gen_batch_size prompts per round "
+                                 "until data.train_batch_size prompts are kept")
+    metric: Literal["acc", "score", "seq_reward", "seq_final_reward"] | None = field_(
+        None, "per-sample number whose spread within a group decides (acc: the reward function's acc, else its "
+              "score; score/seq_reward: the reward; seq_final_reward: the reward after the in-reward KL); "
+              "required when enable")
+    max_num_gen_batches: int = field_(
+        0, "generation rounds per step before the run stops with an error; 0 = no limit")
+
+
+@dataclass
 class AlgorithmConfig:
     """How rewards become advantages."""
 
@@ -38,3 +52,4 @@ class AlgorithmConfig:
     use_kl_in_reward: bool = field_(False, "subtract a KL(actor ‖ reference) penalty from the token rewards")
     kl_penalty: KLPenalty = field_("kl", "KL estimator of the in-reward penalty")
     kl_ctrl: KLControlConfig = section(KLControlConfig, "coefficient of the in-reward KL penalty")
+    filter_groups: FilterGroupsConfig = section(FilterGroupsConfig, "DAPO's dynamic sampling")

@@ -33,6 +33,8 @@ class DataConfig:
     max_prompt_length: int = field_(512, "longest prompt in tokens; longer ones are handled by truncation")
     max_response_length: int = field_(512, "most tokens generated per response")
     train_batch_size: int = field_(1024, "prompts per training step")
+    gen_batch_size: int | None = field_(
+        None, "prompts per generation round with algorithm.filter_groups (DAPO); null = train_batch_size")
     val_batch_size: int | None = field_(None, "prompts per validation rollout call; null = 512")
     return_raw_input_ids: bool = field_(
         False, "also return prompt ids before the chat template (for a reward model with another tokenizer)")

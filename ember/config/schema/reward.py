@@ -30,6 +30,17 @@ class RewardModelModelConfig:
 
 
 @dataclass
+class OverlongBufferConfig:
+    """DAPO's overlong reward shaping (reward_manager=dapo): a linear penalty for responses that run
+    into the last `len` tokens before data.max_response_length."""
+
+    enable: bool = field_(False, "subtract the penalty from the reward")
+    len: int = field_(0, "tokens before max_response_length where the penalty grows from 0")
+    penalty_factor: float = field_(0.0, "penalty at max_response_length (it grows linearly over the buffer)")
+    log: bool = field_(False, "also log reward/overlong_reward/mean and reward/overlong/mean (share penalised)")
+
+
+@dataclass
 class RewardModelConfig:
     """Model-based reward and the scoring of rule-based rewards."""
 
@@ -43,7 +54,9 @@ class RewardModelConfig:
     forward_max_token_len_per_gpu: int = follow(
         "critic.forward_max_token_len_per_gpu", "tokens per micro-batch with dynamic batch size")
     reward_manager: RewardManagerName = field_(
-        "naive", "how a batch is scored: naive (one call per sample), batch, prime, dapo")
+        "naive", "how a batch is scored: naive and prime (one call per sample, in num_workers processes), dapo "
+                 "(the same, with overlong_buffer's shaping), batch (one call with the whole batch's lists)")
+    overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong reward shaping")
     launch_reward_fn_async: bool = field_(False, "score the batch while the actor computes log-probs")
     num_workers: int = field_(2, "processes that run the reward function; 0 = in the driver (no timeout)")
     timeout_s: float = field_(10.0, "seconds one reward call may take before it scores failure_score")
