@@ -111,7 +111,7 @@ def read_parquet_rows(
 
 
 def read_records(path: PathLike, required: Mapping[str, str | None]) -> list[SourceRow]:
-    """Read every column of one `.parquet` or `.jsonl` file (a preprocess recipe's `--input`), which must
+    """Read every column of one `.parquet`, `.jsonl` or `.json` file (a preprocess recipe's `--input`), which must
     hold at least one row; each row must have the `required` columns."""
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -120,10 +120,33 @@ def read_records(path: PathLike, required: Mapping[str, str | None]) -> list[Sou
         rows = read_parquet_rows(path, required, optional=read_parquet_schema(path))
     elif path.endswith(".jsonl"):
         rows = _read_json_lines(path, required)
+    elif path.endswith(".json"):
+        rows = _read_json_array(path, required)
     else:
-        raise DatasetError(f"{path}: unsupported file type; give a .parquet or .jsonl file")
+        raise DatasetError(f"{path}: unsupported file type; give a .parquet, .jsonl or .json (an array of records) file")
     if not rows:
         raise DatasetError(f"{path} holds no rows; give a file with at least one record ({', '.join(required)})")
+    return rows
+
+
+def _read_json_array(path: str, required: Mapping[str, str | None]) -> list[SourceRow]:
+    """A .json file holding one array of records (how some releases ship, e.g. DeepScaleR)."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            values = json.load(handle)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DatasetError(f"{path} is not a JSON file in UTF-8 ({error}); give one JSON array of records") from None
+    if not isinstance(values, list):
+        raise DatasetError(f"{path} holds a JSON {type(values).__name__}; expected an array of records")
+    rows = []
+    for index, record in enumerate(values):
+        row = SourceRow(path, index, record if isinstance(record, dict) else {})
+        if not isinstance(record, dict):
+            raise row.error(None, f"expected a JSON object, got {type(record).__name__}")
+        for column in required:
+            if column not in record:
+                raise row.error(column, f"missing (keys present: {', '.join(record) or 'none'})")
+        rows.append(row)
     return rows
 
 

@@ -16,6 +16,7 @@ MATH_SOURCES = (
     "DigitalLearningGmbH/MATH-lighteval",
     "HuggingFaceH4/MATH-500",
     "math",
+    "deepscaler",
 )
 # Prefixes: DAPO's "math_dapo" and its variants, AIME sets ("aime24", "aime_2025", ...).
 MATH_SOURCE_PREFIXES = ("math_dapo", "aime")

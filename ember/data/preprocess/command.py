@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 
 from ember.data.preprocess.chat import preprocess_chat
 from ember.data.preprocess.gsm8k import GSM8K_SPLITS, preprocess_gsm8k
+from ember.data.preprocess.math_sets import MATH_SPLITS, preprocess_deepscaler, preprocess_math
 from ember.data.preprocess.synthetic import ARITHMETIC_TASKS, write_synthetic
 
 
@@ -24,6 +25,17 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
     gsm8k.add_argument("--output-dir", required=True, help="where train.parquet / test.parquet are written")
     gsm8k.add_argument("--split", choices=GSM8K_SPLITS, help="the split a single input file holds")
     gsm8k.set_defaults(run_recipe=lambda args: preprocess_gsm8k(args.input, args.output_dir, args.split))
+
+    math = recipes.add_parser("math", help="MATH-style problem/solution (\\boxed{} answers) to RL parquet files")
+    math.add_argument("--input", required=True, help="a folder with train/test files, or one file (then --split)")
+    math.add_argument("--output-dir", required=True, help="where train.parquet / test.parquet are written")
+    math.add_argument("--split", choices=MATH_SPLITS, help="the split a single input file holds")
+    math.set_defaults(run_recipe=lambda args: preprocess_math(args.input, args.output_dir, args.split))
+
+    deepscaler = recipes.add_parser("deepscaler", help="DeepScaleR problem/answer records to an RL train.parquet")
+    deepscaler.add_argument("--input", required=True, help="the release's deepscaler.json (or a .jsonl/.parquet copy)")
+    deepscaler.add_argument("--output-dir", required=True, help="where train.parquet is written")
+    deepscaler.set_defaults(run_recipe=lambda args: preprocess_deepscaler(args.input, args.output_dir))
 
     chat = recipes.add_parser("chat", help="{question, answer} rows to {messages, answer} chat rows")
     chat.add_argument("--input", required=True, help="a .jsonl or .parquet file of question/answer rows")

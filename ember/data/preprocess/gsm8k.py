@@ -46,10 +46,11 @@ def gsm8k_rl_row(row: SourceRow, split: str, index: int) -> dict[str, Any]:
     }
 
 
-def find_split_files(directory: Path) -> dict[str, list[Path]]:
-    """The files of each split in a GSM8K folder: `train.jsonl`, or shards like `train-00000-of-00001.parquet`."""
+def find_split_files(directory: Path, dataset: str = "GSM8K", splits: tuple[str, ...] = GSM8K_SPLITS
+                     ) -> dict[str, list[Path]]:
+    """The files of each split in a release folder: `train.jsonl`, or shards like `train-00000-of-00001.parquet`."""
     found: dict[str, list[Path]] = {}
-    for split in GSM8K_SPLITS:
+    for split in splits:
         files = sorted(
             path
             for path in directory.iterdir()
@@ -59,8 +60,8 @@ def find_split_files(directory: Path) -> dict[str, list[Path]]:
             found[split] = files
     if not found:
         raise DatasetError(
-            f"{directory} holds no GSM8K split files; expected train.jsonl / test.jsonl "
-            "(the official release) or train-*.parquet / test-*.parquet (the Hugging Face copy)"
+            f"{directory} holds no {dataset} split files; expected train.jsonl / test.jsonl "
+            "or train-*.parquet / test-*.parquet (the Hugging Face copy)"
         )
     return found
 

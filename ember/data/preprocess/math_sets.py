@@ -1,0 +1,96 @@
+"""Competition-math releases that siiRL and verl scripts train on, turned into RL rows.
+
+- `math`: MATH-style records (`problem`, `solution` whose last `\\boxed{...}` is the answer),
+  as the MATH release and its Hugging Face copy (lighteval) store them, one file per split.
+  Rows get verl's data source `DigitalLearningGmbH/MATH-lighteval`.
+- `deepscaler`: DeepScaleR's records (`problem`, `answer`, optional `solution`), one JSON
+  array (the release's `deepscaler.json`), jsonl or parquet; a training set only. Rows get the
+  data source `deepscaler`.
+
+Both route to the math scorer (math-verify: the last boxed answer of a response against the
+ground truth) and ask for the answer in `\\boxed{}` as verl's recipes do. A record without an
+answer is an error naming its file and row, never skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ember.data.parquet import DatasetError, SourceRow, read_records, write_parquet_files
+from ember.data.preprocess.gsm8k import find_split_files
+from ember.rewards.extraction import last_boxed_content
+
+MATH_DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
+DEEPSCALER_DATA_SOURCE = "deepscaler"
+BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
+MATH_SPLITS = ("train", "test")
+
+
+def _text(row: SourceRow, column: str) -> str:
+    value = row.values.get(column)
+    if not isinstance(value, str) or not value.strip():
+        raise row.error(column, f"expected non-empty text, got {value!r:.200}")
+    return value
+
+
+def _rl_row(data_source: str, problem: str, answer: str, extra_info: dict[str, Any]) -> dict[str, Any]:
+    return {"data_source": data_source,
+            "prompt": [{"role": "user", "content": f"{problem} {BOXED_INSTRUCTION}"}],
+            "ability": "math", "reward_model": {"style": "rule", "ground_truth": answer}, "extra_info": extra_info}
+
+
+def math_rl_row(row: SourceRow, split: str, index: int) -> dict[str, Any]:
+    """The RL row of one MATH record; the ground truth is the solution's last boxed answer."""
+    problem, solution = _text(row, "problem"), _text(row, "solution")
+    answer = last_boxed_content(solution)
+    if not answer:
+        raise row.error("solution", f"no \\boxed{{...}} answer in {solution[-200:]!r}")
+    extra = {"split": split, "index": index, "solution": solution}
+    extra.update({key: row.values[key] for key in ("level", "type") if isinstance(row.values.get(key), str)})
+    return _rl_row(MATH_DATA_SOURCE, problem, answer, extra)
+
+
+def deepscaler_rl_row(row: SourceRow, index: int) -> dict[str, Any]:
+    """The RL row of one DeepScaleR record (its `answer` is the ground truth)."""
+    problem = _text(row, "problem")
+    answer = row.values.get("answer")
+    if isinstance(answer, int | float) and not isinstance(answer, bool):
+        answer = str(answer)
+    if not isinstance(answer, str) or not answer.strip():
+        raise row.error("answer", f"expected the final answer as text, got {answer!r:.200}")
+    solution = row.values.get("solution")
+    extra = {"split": "train", "index": index, **({"solution": solution} if isinstance(solution, str) else {})}
+    return _rl_row(DEEPSCALER_DATA_SOURCE, problem, answer.strip(), extra)
+
+
+def preprocess_math(input_path: str | os.PathLike, output_dir: str | os.PathLike,
+                    split: str | None = None) -> dict[str, Path]:
+    """A MATH folder (train/test files) or one file of `split` to `<split>.parquet` in `output_dir`,
+    all splits converted before any is written."""
+    input_path = Path(input_path)
+    if not input_path.exists():
+        raise DatasetError(f"MATH input not found: {input_path}; give --input a folder or a .jsonl/.parquet file")
+    if input_path.is_dir():
+        if split is not None:
+            raise DatasetError(f"--split applies to a single input file, but {input_path} is a folder; leave it out")
+        split_files = find_split_files(input_path, "MATH", MATH_SPLITS)
+    else:
+        if split not in MATH_SPLITS:
+            raise DatasetError(f"give --split train or --split test for the single input file {input_path}")
+        split_files = {split: [input_path]}
+    outputs = {}
+    for split_name, files in split_files.items():
+        records = [row for path in files for row in read_records(path, {"problem": None, "solution": None})]
+        outputs[split_name] = [math_rl_row(row, split_name, index) for index, row in enumerate(records)]
+    paths = write_parquet_files({Path(output_dir) / f"{name}.parquet": rows for name, rows in outputs.items()})
+    return dict(zip(outputs, paths))
+
+
+def preprocess_deepscaler(input_path: str | os.PathLike, output_dir: str | os.PathLike) -> dict[str, Path]:
+    """DeepScaleR's release file (.json array, .jsonl or .parquet) to `train.parquet` in `output_dir`."""
+    records = read_records(input_path, {"problem": None, "answer": None})
+    rows = [deepscaler_rl_row(row, index) for index, row in enumerate(records)]
+    (path,) = write_parquet_files({Path(output_dir) / "train.parquet": rows})
+    return {"train": path}
