@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from dataclasses import replace
 
@@ -291,6 +292,14 @@ class RLTrainer:
         self.guard.last_sound_checkpoint = resumed.path
         self.logger.start(self.step)
         logger.warning("resumed from %s at step %d", resumed.path, self.step)
+        if trainer.del_local_ckpt_after_load:
+            _barrier()  # every rank has read it
+            if rank() == 0:
+                shutil.rmtree(resumed.path)
+            self.guard.last_sound_checkpoint = None
+            logger.warning("deleted %s after loading it (trainer.del_local_ckpt_after_load=true): until the next "
+                           "checkpoint (trainer.save_freq=%d) a crash restarts the run from the beginning",
+                           resumed.path, trainer.save_freq)
 
 
 def _every(frequency: int, step: int) -> bool:

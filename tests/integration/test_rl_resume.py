@@ -129,3 +129,16 @@ def test_a_resumed_run_logs_each_step_once(inputs, tmp_path):
     step_3 = next(record for record in records if record["step"] == 3 and "actor/pg_loss" in record)
     assert accumulator.Scalars("actor/grad_norm")[-1].value == pytest.approx(step_3["actor/grad_norm"])
     assert resumed.step == 3
+
+
+def test_del_local_ckpt_after_load_deletes_the_checkpoint_the_run_resumed_from(inputs, tmp_path, caplog):
+    from ember.trainer.checkpoint import list_checkpoints
+
+    run_dir = tmp_path / "run"
+    train(run_overrides(inputs, run_dir, "trainer.total_training_steps=1", "trainer.save_freq=1"))
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [1]
+    train(run_overrides(inputs, run_dir, "trainer.total_training_steps=3", "trainer.save_freq=3",
+                        "trainer.resume_mode=auto", "trainer.del_local_ckpt_after_load=true"))
+    assert "resumed from" in caplog.text and "deleted" in caplog.text
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [3]  # step 1's folder is gone
+    assert [step for step in sorted(metrics_by_step(run_dir)) if step > 0] == [1, 2, 3]
