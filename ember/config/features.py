@@ -93,9 +93,6 @@ RL_UNIMPLEMENTED: list[Row] = [
     _flag(f"{_A}.model.use_liger"),
     _flag("reward_model.launch_reward_fn_async"),
     _flag("data.custom_cls.path"),
-    (lambda cfg: cfg.reward_model.reward_manager == "batch",
-     lambda cfg: "reward_model.reward_manager=batch (one call with the whole batch's lists) is not implemented yet; "
-                 "use naive, prime or dapo (one call per sample, in reward_model.num_workers processes)"),
     (lambda cfg: cfg.algorithm.adv_estimator not in IMPLEMENTED_ADVANTAGES,
      lambda cfg: f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} is not implemented yet; "
                  f"use one of {', '.join(IMPLEMENTED_ADVANTAGES)}"),

@@ -82,6 +82,41 @@ class BoundRewardFn:
         return self._fn(**arguments, **self._kwargs)
 
 
+BATCH_ARGUMENTS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
+
+
+class BatchRewardFn:
+    """A batch reward function (verl's `batch` reward manager): called once per batch as
+    ``fn(data_sources=[...], solution_strs=[...], ground_truths=[...], extra_infos=[...], **kwargs)``
+    and returning one reward (a float or a dict with ``score``) per sample, in order."""
+
+    def __init__(self, fn: Callable, kwargs: dict, description: str):
+        parameters = inspect.signature(fn).parameters
+        accepts_any_keyword = any(p.kind is p.VAR_KEYWORD for p in parameters.values())
+        missing = [name for name in ("solution_strs", "ground_truths") if name not in parameters and not accepts_any_keyword]
+        if missing:
+            raise RewardConfigError(
+                f"reward function {description} must accept the keyword arguments {missing} with "
+                f"reward_model.reward_manager=batch; its signature is {inspect.signature(fn)}, the batch contract is "
+                "fn(data_sources, solution_strs, ground_truths, extra_infos, **kwargs) -> list")
+        self.description = description
+        self._fn = fn
+        self._kwargs = dict(kwargs)
+        self._passed = tuple(name for name in BATCH_ARGUMENTS if name in parameters or accepts_any_keyword)
+
+    def __call__(self, items: list[RewardItem]) -> list:
+        columns = {"data_sources": [item.data_source for item in items],
+                   "solution_strs": [item.solution_str for item in items],
+                   "ground_truths": [item.ground_truth for item in items],
+                   "extra_infos": [item.extra_info for item in items]}
+        values = self._fn(**{name: columns[name] for name in self._passed}, **self._kwargs)
+        if not isinstance(values, list | tuple) or len(values) != len(items):
+            raise ValueError(f"batch reward function returned {type(values).__name__}"
+                             f"{f' of length {len(values)}' if isinstance(values, list | tuple) else ''} for "
+                             f"{len(items)} samples; return one reward per sample, in order")
+        return list(values)
+
+
 def split_reward_output(value) -> tuple[float, dict[str, float]]:
     """``(score, metrics)`` from a reward function's return value; TypeError/ValueError if invalid."""
     metrics: dict[str, float] = {}

@@ -8,7 +8,8 @@ per kind of failure, with its traceback, on the ``ember.rewards`` logger. A
 ``RewardConfigError`` (say, a data_source no built-in scorer knows) is raised instead, since
 every sample would fail.
 
-With ``num_workers >= 1`` the items are scored in worker processes that live as long as the
+With ``batched`` (verl's ``batch`` reward manager) the function is called once per batch with
+lists, in the calling process. With ``num_workers >= 1`` the items are scored in worker processes that live as long as the
 manager (see ``pool.py``). With ``num_workers=0`` they are scored in the calling process:
 no start-up cost and easy debugging, but no timeout, since a running Python call cannot be
 interrupted from outside its process.
@@ -19,7 +20,7 @@ import math
 from dataclasses import dataclass
 
 from ember.rewards.contract import RewardItem
-from ember.rewards.pool import ItemOutcome, WorkerPool, score_item
+from ember.rewards.pool import ItemOutcome, WorkerPool, score_batch, score_item
 from ember.rewards.registry import RewardFnSpec
 
 logger = logging.getLogger("ember.rewards")
@@ -44,15 +45,19 @@ class RewardManager:
         num_workers: int = 2,
         timeout_s: float = 10.0,
         failure_score: float = 0.0,
+        batched: bool = False,
     ):
+        """`batched`: one call per batch with lists (verl's `batch` reward manager), in this process
+        (no timeout); an exception fails every sample of the batch, counted and logged once."""
         if num_workers < 0:
             raise ValueError(f"reward num_workers must be >= 0 (0 scores in-process), got {num_workers}")
         if timeout_s <= 0:
             raise ValueError(f"reward timeout_s must be > 0 seconds, got {timeout_s}")
         self.spec = spec
         self.failure_score = failure_score
-        self._pool = WorkerPool(spec, num_workers, timeout_s) if num_workers else None
-        self._in_process_fn = None if num_workers else spec.load()
+        self._batch_fn = spec.load(batched=True) if batched else None
+        self._pool = WorkerPool(spec, num_workers, timeout_s) if num_workers and not batched else None
+        self._in_process_fn = None if num_workers or batched else spec.load()
         self._logged_failures: set[tuple] = set()
         self._closed = False
 
@@ -60,7 +65,9 @@ class RewardManager:
         """Score ``items``; see the module docstring for what happens on failure."""
         if self._closed:
             raise RuntimeError("this RewardManager is closed; create a new one to score more")
-        if self._pool is not None:
+        if self._batch_fn is not None:
+            outcomes = score_batch(self._batch_fn, items)
+        elif self._pool is not None:
             outcomes = self._pool.score(items)
         else:
             outcomes = [score_item(self._in_process_fn, item) for item in items]

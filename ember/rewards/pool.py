@@ -76,6 +76,29 @@ def score_item(fn: BoundRewardFn, item: RewardItem) -> ItemOutcome:
     return ItemOutcome(score, metrics)
 
 
+def score_batch(fn, items: list) -> list[ItemOutcome]:
+    """Score `items` with one call of a batch reward function; an exception (or an invalid return)
+    fails every item with the same failure, a bad value fails its own item."""
+    try:
+        values = fn(items)
+    except RewardConfigError:
+        raise
+    except Exception as error:
+        frames = traceback.extract_tb(error.__traceback__)
+        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+        failure = Failure("error", (type(error).__name__, where),
+                          f"{type(error).__name__} at {where} (a batch of {len(items)}): {error}",
+                          "".join(traceback.format_exception(error)))
+        return [ItemOutcome(failure=failure) for _ in items]
+    outcomes = []
+    for value in values:
+        try:
+            outcomes.append(ItemOutcome(*split_reward_output(value)))
+        except (TypeError, ValueError) as error:
+            outcomes.append(ItemOutcome(failure=Failure("error", (type(error).__name__, "batch value"), str(error))))
+    return outcomes
+
+
 def _worker_main(spec: RewardFnSpec, connection, progress) -> None:
     """Body of a worker process: load the function, then score chunks until told to stop."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle

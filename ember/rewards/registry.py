@@ -20,7 +20,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from ember.rewards.contract import BoundRewardFn, RewardConfigError
+from ember.rewards.contract import BatchRewardFn, BoundRewardFn, RewardConfigError
 
 DEFAULT_MODULE = "ember.rewards.routing"
 DEFAULT_NAME = "default_compute_score"
@@ -40,8 +40,8 @@ class RewardFnSpec:
         """``location:name``, as shown in logs and errors."""
         return f"{self.location}:{self.name}"
 
-    def load(self) -> BoundRewardFn:
-        """Import the function and bind its keyword arguments."""
+    def load(self, batched: bool = False) -> BoundRewardFn | BatchRewardFn:
+        """Import the function and bind its keyword arguments (as a batch function when `batched`)."""
         module = _import_file(self) if self.from_file else _import_module(self)
         fn = getattr(module, self.name, None)
         if not callable(fn):
@@ -54,7 +54,7 @@ class RewardFnSpec:
                 f"{self.origin}: no function {self.name!r} in {self.location} "
                 f"(functions defined there: {defined}); set the name of your reward function"
             )
-        return BoundRewardFn(fn, self.kwargs, self.describe())
+        return (BatchRewardFn if batched else BoundRewardFn)(fn, self.kwargs, self.describe())
 
 
 def _import_module(spec: RewardFnSpec):
@@ -103,8 +103,10 @@ def resolve_reward_fn(
     custom_name: str = "compute_score",
     reward_kwargs: dict | None = None,
     target_spec: dict | None = None,
+    batched: bool = False,
 ) -> RewardFnSpec:
-    """The spec of the run's reward function, checked by loading it once here.
+    """The spec of the run's reward function, checked by loading it once here (against the batch
+    contract when `batched`: the `batch` reward manager).
 
     Args:
         custom_path: ``custom_reward_function.path``, a Python file defining the function.
@@ -133,6 +135,9 @@ def resolve_reward_fn(
     elif target_spec:
         spec = _spec_from_target(target_spec)
     else:
+        if batched:
+            raise RewardConfigError("reward_model.reward_manager=batch calls a function of lists, which the built-in "
+                                    "scorers are not: set custom_reward_function.path (or data.reward_fn) to one")
         spec = RewardFnSpec(DEFAULT_MODULE, DEFAULT_NAME)
-    spec.load()
+    spec.load(batched=batched)
     return spec

@@ -396,7 +396,8 @@ def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLCompone
     check_input_paths(cfg)
     # loaded once here, before any model, so that a wrong reward function stops the run at once
     reward_fn = resolve_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
-                                  cfg.custom_reward_function.reward_kwargs, cfg.data.reward_fn or None)
+                                  cfg.custom_reward_function.reward_kwargs, cfg.data.reward_fn or None,
+                                  batched=cfg.reward_model.reward_manager == "batch")
     arr = cfg.actor_rollout_ref
     tokenizer = load_tokenizer(cfg)
     train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg)
@@ -409,7 +410,7 @@ def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLCompone
                        ppo_epochs=arr.actor.ppo_epochs)
     reward = cfg.reward_model
     reward_manager = RewardManager(reward_fn, num_workers=reward.num_workers, timeout_s=reward.timeout_s,
-                                   failure_score=reward.failure_score)
+                                   failure_score=reward.failure_score, batched=reward.reward_manager == "batch")
     return RLComponents(tokenizer=tokenizer, train_loader=train_loader, val_dataset=val_dataset, actor=actor,
                         reference=ReferenceGroup(groups["reference"]) if "reference" in groups else None,
                         critic=CriticGroup(groups["critic"]) if "critic" in groups else None,

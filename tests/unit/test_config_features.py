@@ -79,8 +79,6 @@ def test_implemented_algorithm_names_match_the_registries():
 @pytest.mark.parametrize("override, message", [
     ("algorithm.adv_estimator=opo", "algorithm.adv_estimator=opo is not implemented yet"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "loss_mode=clip_cov is not"),
-    ("reward_model.reward_manager=batch", "reward_model.reward_manager=batch (one call with the whole batch's lists) "
-                                          "is not implemented yet"),
     ("actor_rollout_ref.model.use_liger=true", "use_liger=true is not implemented yet"),
 ])
 def test_keys_that_would_otherwise_be_ignored_stop_a_real_run(override, message):

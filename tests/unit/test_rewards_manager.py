@@ -174,3 +174,35 @@ def test_invalid_settings_are_rejected(reward_spec):
         RewardManager(reward_spec, num_workers=-1)
     with pytest.raises(ValueError, match="timeout_s"):
         RewardManager(reward_spec, timeout_s=0)
+
+
+BATCH_SOURCE = """
+def compute_score(data_sources, solution_strs, ground_truths, extra_infos=None, scale=1.0):
+    if "boom" in solution_strs:
+        raise RuntimeError("the batch scorer failed")
+    if "short" in solution_strs:
+        return [1.0]
+    return [{"score": scale * len(text), "acc": float(text == truth)} if text != "bad" else "not a number"
+            for text, truth in zip(solution_strs, ground_truths)]
+"""
+
+
+def test_the_batch_manager_calls_once_with_lists_and_names_failures(tmp_path, caplog):
+    path = tmp_path / "batch_reward.py"
+    path.write_text(BATCH_SOURCE)
+    spec = resolve_reward_fn(custom_path=str(path), reward_kwargs={"scale": 2.0}, batched=True)
+    with RewardManager(spec, num_workers=2, batched=True, failure_score=-1.0) as manager:
+        result = manager.score([RewardItem("d", "ab", "ab"), RewardItem("d", "abc", "x"), RewardItem("d", "bad", "x")])
+        assert result.scores == [4.0, 6.0, -1.0] and result.extras["acc"][:2] == [1.0, 0.0]
+        assert result.num_errors == 1
+        failed = manager.score([RewardItem("d", "boom", "x"), RewardItem("d", "ok", "x")])
+        assert failed.scores == [-1.0, -1.0] and failed.num_errors == 2
+        assert "the batch scorer failed" in caplog.text
+        short = manager.score([RewardItem("d", "short", "x"), RewardItem("d", "ok", "x")])
+        assert short.num_errors == 2
+    with pytest.raises(RewardConfigError, match=r"must accept the keyword arguments \['solution_str'"):
+        resolve_reward_fn(custom_path=str(path))  # a batch function under the per-sample managers
+    with pytest.raises(RewardConfigError, match=r"\['solution_strs', 'ground_truths'\] with reward_model.reward_manager=batch"):
+        resolve_reward_fn(target_spec={"_target_": "ember.rewards.gsm8k.compute_score"}, batched=True)
+    with pytest.raises(RewardConfigError, match="built-in scorers are not"):
+        resolve_reward_fn(batched=True)

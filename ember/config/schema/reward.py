@@ -55,7 +55,8 @@ class RewardModelConfig:
         "critic.forward_max_token_len_per_gpu", "tokens per micro-batch with dynamic batch size")
     reward_manager: RewardManagerName = field_(
         "naive", "how a batch is scored: naive and prime (one call per sample, in num_workers processes), dapo "
-                 "(the same, with overlong_buffer's shaping), batch (one call with the whole batch's lists)")
+                 "(the same, with overlong_buffer's shaping), batch (one call per batch with lists: fn(data_sources, "
+                 "solution_strs, ground_truths, extra_infos) -> list, in the driver, no timeout)")
     overlong_buffer: OverlongBufferConfig = section(OverlongBufferConfig, "DAPO's overlong reward shaping")
     launch_reward_fn_async: bool = field_(False, "score the batch while the actor computes log-probs")
     num_workers: int = field_(2, "processes that run the reward function; 0 = in the driver (no timeout)")
