@@ -72,8 +72,8 @@ RL_UNIMPLEMENTED: list[Row] = [
     (lambda cfg: cfg.actor_rollout_ref.actor.strategy == "megatron" and cfg.actor_rollout_ref.rollout.engine == "hf",
      lambda cfg: f"{_A}.rollout.name=hf generates with the actor's transformers module, which strategy megatron has "
                  "not: use rollout.name=ember (its weights are synced from the Megatron shards)"),
-    (lambda cfg: cfg.critic.enable and cfg.critic.strategy == "megatron",
-     lambda cfg: "critic.strategy=megatron is not implemented yet; use fsdp"),
+    *[(lambda cfg, applies=applies: cfg.critic.enable and applies(cfg), message)
+      for applies, message in _megatron_rows("critic")],
     (lambda cfg: cfg.actor_rollout_ref.rollout.require_named_engine
      and cfg.actor_rollout_ref.rollout.engine != cfg.actor_rollout_ref.rollout.name,
      lambda cfg: f"{_A}.rollout.name={cfg.actor_rollout_ref.rollout.name} with rollout.require_named_engine=true: "

@@ -81,6 +81,49 @@ def test_a_second_layout_in_one_process_is_refused(one_rank):
         initialize_layout(layout, seed=1)
 
 
+@pytest.mark.parametrize("tied", [True, False])
+def test_a_critic_keeps_the_backbone_takes_a_saved_value_head_and_exports_a_value_model(one_rank, tmp_path, tied):
+    from transformers import AutoModelForTokenClassification
+
+    from ember.engines.megatron.checkpoint import _export_value_model
+    from ember.engines.megatron.value_head import attach_value_head
+    from ember.models.value_model import value_model_config
+
+    model_dir = make_tiny_model_dir(tmp_path, "qwen2", tie_word_embeddings=tied)
+    critic_dir = tmp_path / "critic"
+    config = value_model_config(AutoModelForCausalLM.from_pretrained(model_dir).config)
+    torch.manual_seed(3)
+    saved = AutoModelForTokenClassification.from_pretrained(model_dir, config=config)
+    saved.save_pretrained(critic_dir)
+
+    bridge = load_bridge(str(critic_dir), torch.float32, CPU_BUILD)
+    (chunk,) = build_model_chunks(bridge, vpp_size=None)
+    chunk.output_layer = None
+    bridge.load_weights([chunk], str(critic_dir))
+    attach_value_head(chunk, bridge.hf_config, str(critic_dir), seed=0)
+    torch.testing.assert_close(chunk.output_layer.weight, saved.score.weight, rtol=0, atol=0)
+
+    _export_value_model(str(tmp_path / "export"), bridge, [chunk])
+    exported = AutoModelForTokenClassification.from_pretrained(tmp_path / "export")
+    assert exported.config.num_labels == 1
+    for name, tensor in saved.state_dict().items():
+        torch.testing.assert_close(exported.state_dict()[name], tensor, rtol=0, atol=0, msg=name)
+
+
+def test_a_critic_from_a_causal_lm_starts_its_head_as_transformers_would(one_rank, tmp_path):
+    from ember.engines.megatron.value_head import attach_value_head
+
+    model_dir = make_tiny_model_dir(tmp_path, "llama")
+    bridge = load_bridge(str(model_dir), torch.float32, CPU_BUILD)
+    (chunk,) = build_model_chunks(bridge, vpp_size=None)
+    chunk.output_layer = None
+    bridge.load_weights([chunk], str(model_dir))
+    attach_value_head(chunk, bridge.hf_config, str(model_dir), seed=0)
+    weight = chunk.output_layer.weight
+    assert weight.shape == (1, bridge.hf_config.hidden_size)
+    assert 0.5 * bridge.hf_config.initializer_range < weight.std().item() < 2 * bridge.hf_config.initializer_range
+
+
 def test_the_layout_is_built_again_in_a_new_process_group(one_rank):
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
@@ -91,3 +134,4 @@ def test_the_layout_is_built_again_in_a_new_process_group(one_rank):
     initialize_layout(layout, seed=1)
     after = mpu.get_data_parallel_group()
     assert after is not before and dist.get_world_size(after) == 1
+

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
 
 from ember.engines.megatron.attention import sdpa_core_attention_class
+from ember.engines.megatron.value_head import SCORE_WEIGHT, ValueHead
 
 logger = logging.getLogger(__name__)
 
@@ -132,5 +134,33 @@ def build_model_chunks(bridge, vpp_size: int | None) -> list[nn.Module]:
 
 def hf_named_weights(bridge, chunks: list[nn.Module]) -> Iterator[tuple[str, Tensor]]:
     """Every full weight under its HF name (tensor-, pipeline- and expert-parallel shards
-    gathered); every rank must consume the whole iterator (gathers are collectives)."""
-    yield from bridge.export_weights(chunks)
+    gathered); every rank must consume the whole iterator (gathers are collectives). A value
+    head (a critic's) is not an LM weight mbridge knows: `value_head.py` names it."""
+    with without_value_heads(chunks) as heads:
+        yield from bridge.export_weights(chunks)
+    for head in heads:
+        yield SCORE_WEIGHT, head.weight.detach()
+
+
+@contextmanager
+def without_value_heads(chunks: list[nn.Module]) -> Iterator[list[nn.Module]]:
+    """The chunks without their value heads for the block (mbridge maps LM weights only); yields
+    the heads taken out, put back after."""
+    taken = []
+    for chunk in chunks:
+        model = unwrapped(chunk)
+        if isinstance(getattr(model, "output_layer", None), ValueHead):
+            taken.append((model, model.output_layer))
+            model.output_layer = None
+    try:
+        yield [head for _, head in taken]
+    finally:
+        for model, head in taken:
+            model.output_layer = head
+
+
+def unwrapped(chunk: nn.Module) -> nn.Module:
+    """The GPTModel inside megatron-core's DDP and Float16Module wrappers."""
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ember.engines.megatron.bridge import unwrapped
+
 _REQUIRED = ("metadata.json",)
 
 
@@ -24,15 +26,8 @@ _METADATA = {"distrib_optim_sharding_type": "dp_reshardable"}
 own buffers in parallel)."""
 
 
-def _unwrapped(chunk: nn.Module) -> nn.Module:
-    """The GPTModel inside megatron-core's DDP and Float16Module wrappers."""
-    while hasattr(chunk, "module"):
-        chunk = chunk.module
-    return chunk
-
-
 def _sharded_state_dict(chunks: list[nn.Module], optimizer, is_loading: bool) -> dict:
-    chunks = [_unwrapped(chunk) for chunk in chunks]
+    chunks = [unwrapped(chunk) for chunk in chunks]
     if len(chunks) == 1:
         state = {"model": chunks[0].sharded_state_dict(metadata=_METADATA)}
     else:
@@ -55,7 +50,7 @@ def load_checkpoint(path: str, chunks: list[nn.Module], optimizer) -> None:
     if optimizer is not None:
         _create_optimizer_state(optimizer)
     state = dist_checkpointing.load(_sharded_state_dict(chunks, optimizer, is_loading=True), path)
-    chunks = [_unwrapped(chunk) for chunk in chunks]
+    chunks = [unwrapped(chunk) for chunk in chunks]
     if len(chunks) == 1:
         chunks[0].load_state_dict(state["model"])
     else:
@@ -117,14 +112,37 @@ def checkpoint_problem(path: str, extra_files: list[str]) -> str | None:
     return None
 
 
-def export_hf(out_dir: str, bridge, chunks: list[nn.Module], model_path: str, tokenizer=None) -> None:
+def export_hf(out_dir: str, bridge, chunks: list[nn.Module], model_path: str, tokenizer=None,
+              value_head: bool = False) -> None:
     """A HF folder: the weights (gathered from every parallel shard), the model's config and
-    generation config, and the tokenizer when given. Every rank calls; rank 0 writes."""
-    bridge.save_weights(chunks, out_dir)
+    generation config, and the tokenizer when given; a critic as a one-label token-classification
+    model (what the FSDP2 critic writes). Every rank calls; rank 0 writes."""
+    if value_head:
+        _export_value_model(out_dir, bridge, chunks)
+    else:
+        bridge.save_weights(chunks, out_dir)
     if dist.get_rank() == 0:
         generation_config = os.path.join(model_path, "generation_config.json")
-        if os.path.isfile(generation_config):
+        if os.path.isfile(generation_config) and not value_head:
             shutil.copy(generation_config, out_dir)
         if tokenizer is not None:
             tokenizer.save_pretrained(out_dir)
     dist.barrier()
+
+
+def _export_value_model(out_dir: str, bridge, chunks: list[nn.Module]) -> None:
+    from safetensors.torch import save_file
+
+    from ember.engines.megatron.bridge import hf_named_weights
+    from ember.models.value_model import value_model_config
+
+    weights = {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in hf_named_weights(bridge, chunks)}
+    if dist.get_rank() != 0:
+        return
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(weights, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+    config = value_model_config(bridge.hf_config)
+    config.architectures = [architecture.replace("ForCausalLM", "ForTokenClassification")
+                            for architecture in (config.architectures or [])]
+    config.tie_word_embeddings = False
+    config.save_pretrained(out_dir)

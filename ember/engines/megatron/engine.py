@@ -39,10 +39,11 @@ from ember.engines.base import LossContext, LossFn, MicroBatchSpec, ModelOutput,
 from ember.engines.batching import join_outputs, loss_context, micro_batches
 from ember.engines.fused_log_probs import fused_log_probs
 from ember.engines.log_probs import replaced_forward
-from ember.engines.megatron.bridge import build_model_chunks, hf_named_weights, load_bridge
+from ember.engines.megatron.bridge import build_model_chunks, hf_named_weights, load_bridge, unwrapped
 from ember.engines.megatron.log_probs import vocab_parallel_log_probs
 from ember.engines.megatron.options import MegatronOptions, checked_overrides, import_megatron
 from ember.engines.megatron.parallel import initialize_layout
+from ember.engines.megatron.value_head import attach_value_head
 from ember.engines.optim import lr_multiplier
 from ember.models.loading import resolve_dtype
 
@@ -57,12 +58,8 @@ class MegatronEngine(TrainEngine):
         from megatron.core import parallel_state as mpu
         from megatron.core.transformer import TransformerConfig
 
-        if options.role == "critic":
-            from ember.errors import UserError
-
-            raise UserError("critic.strategy=megatron (a value head on megatron-core) is not implemented yet; "
-                            "use critic.strategy=fsdp (the actor may stay on megatron)")
         self.options = options
+        self.is_critic = options.role == "critic"
         self.device = current_device()
         initialize_layout(options.layout, options.seed)
         self.dtype = resolve_dtype(options.param_dtype)
@@ -76,7 +73,13 @@ class MegatronEngine(TrainEngine):
         chunks = build_model_chunks(self.bridge, options.virtual_pipeline_model_parallel_size)
         for chunk in chunks:
             chunk.to(self.device)
+        heads = [chunk for chunk in chunks if chunk.post_process] if self.is_critic else []
+        for chunk in heads:
+            chunk.output_layer = None  # mbridge loads the backbone; the value head is ember's
         self.bridge.load_weights(chunks, options.model_path)
+        for chunk in heads:
+            attach_value_head(chunk, self.bridge.hf_config, options.model_path, options.seed)
+            chunk.output_layer.to(self.device)
         self.chunks = self._wrap(chunks)
         self.dp_size = mpu.get_data_parallel_world_size()
         self.dp_rank = mpu.get_data_parallel_rank()
@@ -136,7 +139,7 @@ class MegatronEngine(TrainEngine):
             micro = next(data_iterator)
             index = next(positions)
             head = _output_layer(model)
-            fused = head is not None and self.options.tensor_model_parallel_size == 1
+            fused = head is not None and self.options.tensor_model_parallel_size == 1 and not self.is_critic
             with (_fused_head(head, micro, temperature, compute_entropy, entropy_grad) if fused else nullcontext()):
                 output = model(input_ids=micro.input_ids, position_ids=micro.position_ids,
                                attention_mask=_attention_mask(micro.attention_mask))
@@ -158,7 +161,10 @@ class MegatronEngine(TrainEngine):
         else the vocabulary-parallel logits [b, P+R, V/TP]."""
         from megatron.core import parallel_state as mpu
 
-        if fused:
+        if self.is_critic:  # [b, P+R, 1] values; the value before response token i sits at P-1+i
+            values = model_output[:, micro.response_prediction_positions, 0].float() * micro.response_mask
+            output = ModelOutput(values=values)
+        elif fused:
             log_probs = model_output[..., 0]
             entropy = model_output[..., 1] if compute_entropy else None
         else:
@@ -166,7 +172,8 @@ class MegatronEngine(TrainEngine):
             vocab_start = mpu.get_tensor_model_parallel_rank() * model_output.shape[-1]
             log_probs, entropy = vocab_parallel_log_probs(response_logits, micro.responses, self.tp_group, vocab_start,
                                                           compute_entropy=compute_entropy, entropy_grad=entropy_grad)
-        output = ModelOutput(log_probs=log_probs, entropy=entropy)
+        if not self.is_critic:
+            output = ModelOutput(log_probs=log_probs, entropy=entropy)
         if loss_fn is None:
             return torch.zeros((), device=model_output.device), {"index": index, "output": output}
         loss, metrics = loss_fn(output, micro, context)
@@ -288,7 +295,7 @@ class MegatronEngine(TrainEngine):
     def export_hf(self, out_dir: str, tokenizer=None) -> None:
         from ember.engines.megatron.checkpoint import export_hf
 
-        export_hf(out_dir, self.bridge, self.chunks, self.options.model_path, tokenizer)
+        export_hf(out_dir, self.bridge, self.chunks, self.options.model_path, tokenizer, value_head=self.is_critic)
 
     # --- memory between phases ---------------------------------------------------------------
 
@@ -308,8 +315,7 @@ class MegatronEngine(TrainEngine):
 
 def _output_layer(chunk: nn.Module) -> nn.Module | None:
     """The LM head of a model chunk inside its wrappers; None on a stage without one."""
-    while hasattr(chunk, "module"):
-        chunk = chunk.module
+    chunk = unwrapped(chunk)
     return getattr(chunk, "output_layer", None) if getattr(chunk, "post_process", False) else None
 
 
