@@ -200,8 +200,12 @@ def test_a_megatron_critic_computes_and_learns_values_like_the_fsdp_critic(tmp_p
     fsdp_metrics = fsdp.train_mini_batch(batch, value_loss, micro_batch_size=2)
     megatron_metrics = megatron.train_mini_batch(batch, value_loss, micro_batch_size=2)
     assert megatron_metrics["grad_norm"] == pytest.approx(fsdp_metrics["grad_norm"], rel=0.05)
-    torch.testing.assert_close(megatron.forward(batch, micro_batch_size=4).values[mask],
-                               fsdp.forward(batch, micro_batch_size=4).values[mask], atol=2 * TOLERANCE, rtol=0)
+    # lr 1.0 moves the values by units; through bf16 the two updates agree to a tenth of the move
+    moved_fsdp = fsdp.forward(batch, micro_batch_size=4).values[mask] - expected[mask]
+    moved_megatron = megatron.forward(batch, micro_batch_size=4).values[mask] - got[mask]
+    largest = moved_fsdp.abs().max().item()
+    assert largest > 10 * TOLERANCE
+    assert (moved_megatron - moved_fsdp).abs().max().item() < 0.1 * largest
     megatron.export_hf(str(tmp_path / "exported"))
     exported = AutoModelForTokenClassification.from_pretrained(str(tmp_path / "exported"))
     assert exported.config.num_labels == 1

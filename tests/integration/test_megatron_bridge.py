@@ -94,6 +94,8 @@ def test_a_critic_keeps_the_backbone_takes_a_saved_value_head_and_exports_a_valu
     config = value_model_config(AutoModelForCausalLM.from_pretrained(model_dir).config)
     torch.manual_seed(3)
     saved = AutoModelForTokenClassification.from_pretrained(model_dir, config=config)
+    with torch.no_grad():
+        saved.score.bias.fill_(0.25)  # a trained head's bias, not the zero it starts at
     saved.save_pretrained(critic_dir)
 
     bridge = load_bridge(str(critic_dir), torch.float32, CPU_BUILD)
@@ -102,6 +104,7 @@ def test_a_critic_keeps_the_backbone_takes_a_saved_value_head_and_exports_a_valu
     bridge.load_weights([chunk], str(critic_dir))
     attach_value_head(chunk, bridge.hf_config, str(critic_dir), seed=0)
     torch.testing.assert_close(chunk.output_layer.weight, saved.score.weight, rtol=0, atol=0)
+    torch.testing.assert_close(chunk.output_layer.bias, saved.score.bias, rtol=0, atol=0)
 
     _export_value_model(str(tmp_path / "export"), bridge, [chunk])
     exported = AutoModelForTokenClassification.from_pretrained(tmp_path / "export")

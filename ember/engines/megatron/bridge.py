@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from ember.engines.megatron.attention import sdpa_core_attention_class
-from ember.engines.megatron.value_head import SCORE_WEIGHT, ValueHead
+from ember.engines.megatron.value_head import SCORE_BIAS, SCORE_WEIGHT, ValueHead
 
 logger = logging.getLogger(__name__)
 
@@ -140,6 +140,7 @@ def hf_named_weights(bridge, chunks: list[nn.Module]) -> Iterator[tuple[str, Ten
         yield from bridge.export_weights(chunks)
     for head in heads:
         yield SCORE_WEIGHT, head.weight.detach()
+        yield SCORE_BIAS, head.bias.detach()
 
 
 @contextmanager
