@@ -185,7 +185,8 @@ class LLMEngine:
                         sequence_id=sequence_id,
                         prompt_length=len(prompt),
                         token_ids=list(prompt),
-                        seed=sequence_seed(sampling.seed, sequence_id),
+                        seed=sequence_seed(sampling.seed,
+                                           (sampling.first_prompt_index + prompt_index) * sampling.n + sample),
                         max_new_tokens=sampling.max_new_tokens,
                     )
                 )

@@ -44,6 +44,10 @@ class SamplingParams:
     """Token ids that end a response (EOS, end-of-turn); the stop token is kept in the response."""
     seed: int | None = None
     """Seed for the sampling random numbers; the same seed and inputs give the same samples."""
+    first_prompt_index: int = 0
+    """Where this call's prompts start in the whole batch. ember's engine seeds each sample from
+    its place in the whole batch, so a batch split over data-parallel ranks (each rank's call
+    starting at its share's index) draws what one rank generating it all would draw."""
 
     def __post_init__(self) -> None:
         if self.n < 1:

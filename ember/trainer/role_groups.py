@@ -4,7 +4,9 @@ Each object here has the methods the RL loop needs and nothing about ranks, engi
 Ray. A batch method splits the batch into one contiguous share per data-parallel rank (the
 order `trainer.balance_batch` balanced), runs the role's method on every rank of its group
 at once and joins the results in order; an update returns the metrics the engine already
-reduced over ranks. The rollout splits prompts the same way and renumbers the samples.
+reduced over ranks. The rollout splits prompts the same way and renumbers the samples; each
+rank's share is seeded from its place in the whole batch, so the samples do not depend on how
+many ranks generate them (ember's engine).
 `start_update` returns a pending call, so roles in separate pools update at the same time.
 """
 
@@ -130,7 +132,8 @@ class RolloutGroup(RoleGroup):
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[RolloutOutput]:
         bounds = [len(prompts) * rank // self.dp_size for rank in range(self.dp_size + 1)]
-        per_rank = [((self.role, "generate", prompts[bounds[rank]:bounds[rank + 1]], _rank_sampling(sampling, rank)), {})
+        per_rank = [((self.role, "generate", prompts[bounds[rank]:bounds[rank + 1]],
+                      replace(sampling, first_prompt_index=sampling.first_prompt_index + bounds[rank])), {})
                     for rank in range(self.dp_size)]
         outputs = []
         for rank, rank_outputs in enumerate(self.group.run_each("call", per_rank)):
@@ -141,10 +144,3 @@ class RolloutGroup(RoleGroup):
 
     def sleep(self) -> None:
         self._run_all("sleep")
-
-
-def _rank_sampling(sampling: SamplingParams, rank: int) -> SamplingParams:
-    """Each rank draws with its own seed (rank 0 keeps the run's), so shares never repeat each other's noise."""
-    if sampling.seed is None or rank == 0:
-        return sampling
-    return replace(sampling, seed=(sampling.seed * 1_000_003 + rank) % (1 << 63))

@@ -190,6 +190,21 @@ def test_seeded_samples_do_not_depend_on_batch_slots():
     assert [o.generated_token_ids for o in wide] == [o.generated_token_ids for o in narrow]
 
 
+def test_a_batch_split_in_two_calls_draws_what_one_call_draws():
+    """What two data-parallel ranks do with their shares of a batch, in one process."""
+    from dataclasses import replace
+
+    model = tiny_model("llama")
+    engine = engine_for(model, max_num_seqs=10)
+    sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=12, seed=7)
+    whole = [o.generated_token_ids for o in engine.generate(PROMPTS, sampling)]
+    first = engine.generate(PROMPTS[:2], sampling)
+    second = engine.generate(PROMPTS[2:], replace(sampling, first_prompt_index=2))
+    assert [o.generated_token_ids for o in first + second] == whole
+    unshifted = engine.generate(PROMPTS[2:], sampling)  # what per-call numbering drew: other samples
+    assert [o.generated_token_ids for o in unshifted] != whole[4:]
+
+
 @pytest.mark.parametrize("fuse", [False, True], ids=["separate", "fused-projections"])
 def test_update_weights_switches_to_the_new_model_and_sleep_frees_the_cache(fuse):
     first, second = tiny_model("llama", seed=0), tiny_model("llama", seed=1)
