@@ -7,12 +7,16 @@ the driver's PYTHONPATH, so ember runs from a checkout as it does from an instal
 
 from __future__ import annotations
 
+import logging
 import os
 
 from ember.config.errors import ConfigError
 from ember.config.placement import Placement
 from ember.config.schema.resources import RayInitConfig
 from ember.distributed.worker_group import RayOptions
+
+
+logger = logging.getLogger(__name__)
 
 
 def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -> RayOptions:
@@ -40,3 +44,12 @@ def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -
                           "`ray start --head` on one, `ray start --address=HEAD_IP:6379` on the others, then run "
                           "ember on the head; or lower trainer.nnodes / trainer.n_gpus_per_node")
     return RayOptions(use_gpus=use_gpus)
+
+
+def write_timeline(path: str) -> None:
+    """Ray's timeline of this run's tasks and actor calls as a chrome://tracing JSON file at `path`."""
+    import ray
+
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    ray.timeline(filename=path)
+    logger.info("Ray timeline written to %s (open it in chrome://tracing or https://ui.perfetto.dev)", path)

@@ -23,7 +23,7 @@ from ember.data.rl_dataset import RLDataset
 from ember.config.parallel import world_size as world_size_of
 from ember.config.placement import Placement, Pool, plan_placement
 from ember.distributed.device import current_device, device_type, request_device, world_size
-from ember.distributed.ray_cluster import start_ray
+from ember.distributed.ray_cluster import start_ray, write_timeline
 from ember.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from ember.engines.base import MicroBatchSpec, TrainEngine
 from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
@@ -57,11 +57,15 @@ class RLComponents:
     reward_manager: RewardManager
     eos_token_ids: list[int]
     total_steps: int
+    timeline_file: str | None = None  # `ray_init.timeline_json_file` of a run on Ray workers
 
     def shutdown(self) -> None:
-        """Stop the worker processes of every pool (a no-op for roles in this process)."""
-        for group in {id(role.group): role.group for role in (self.actor, self.reference, self.critic)
-                      if role is not None}.values():
+        """Write the Ray timeline when asked for one, then stop the worker processes of every pool (a
+        no-op for roles in this process)."""
+        groups = {id(role.group): role.group for role in (self.actor, self.reference, self.critic) if role is not None}
+        if self.timeline_file and any(isinstance(group, RayWorkerGroup) for group in groups.values()):
+            write_timeline(self.timeline_file)
+        for group in groups.values():
             group.shutdown()
 
 
@@ -415,4 +419,5 @@ def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLCompone
                         reference=ReferenceGroup(groups["reference"]) if "reference" in groups else None,
                         critic=CriticGroup(groups["critic"]) if "critic" in groups else None,
                         rollout=RolloutGroup(groups["actor"]), reward_manager=reward_manager,
-                        eos_token_ids=stop_token_ids(arr.model.path, tokenizer), total_steps=total_steps)
+                        eos_token_ids=stop_token_ids(arr.model.path, tokenizer), total_steps=total_steps,
+                        timeline_file=cfg.ray_init.timeline_json_file)

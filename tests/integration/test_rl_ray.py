@@ -3,6 +3,8 @@ split and shared pools, and checkpoints that resume on another number of ranks."
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -45,9 +47,11 @@ def test_a_grpo_update_on_two_ranks_equals_the_one_process_update(inputs, tmp_pa
 
 def test_ppo_with_the_critic_in_its_own_pool(inputs, tmp_path, local_ray):
     run_dir = tmp_path / "run"
+    timeline = tmp_path / "timeline.json"
     trainer = train(run_overrides(inputs, run_dir, *TWO_RANKS, "algorithm.adv_estimator=gae",
                                   "trainer.total_training_steps=2", "trainer.val_before_train=False",
-                                  "+resource_pool.actor_rollout.num_gpus=1", "+resource_pool.critic.num_gpus=1"))
+                                  "+resource_pool.actor_rollout.num_gpus=1", "+resource_pool.critic.num_gpus=1",
+                                  f"ray_init.timeline_json_file={timeline}"))
     assert trainer.parts.critic.group is not trainer.parts.actor.group
     metrics = metrics_by_step(run_dir)
     for step in (1, 2):
@@ -56,6 +60,8 @@ def test_ppo_with_the_critic_in_its_own_pool(inputs, tmp_path, local_ray):
             assert metrics[step][f"perf/{role}/peak_memory_gb"] > 0
             assert metrics[step][f"perf/{role}/update_seconds_max_rank"] > 0
     assert (run_dir / "hf_model" / "model.safetensors").is_file()
+    events = json.loads(timeline.read_text())  # Ray's chrome://tracing events of the workers' calls
+    assert any("call" in str(event.get("name", "")) for event in events)
 
 
 def test_checkpoints_resume_on_another_number_of_ranks(inputs, tmp_path, local_ray):
