@@ -104,3 +104,36 @@ def test_a_worker_that_dies_fails_the_step_naming_it_and_the_run_resumes(inputs,
     assert [step for step, _ in list_checkpoints(str(run_dir))] == [1]
     resumed = train(run_overrides(inputs, run_dir, *common))
     assert resumed.step == 3 and {2, 3} <= set(metrics_by_step(run_dir))
+
+
+def rank_worker_processes() -> set[int]:
+    """Process ids of the Ray actors that host ranks (`worker_group._RankHost`)."""
+    import subprocess
+
+    listing = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True, check=True).stdout
+    return {int(line.split()[0]) for line in listing.splitlines()[1:] if "ray::_RankHost" in line}
+
+
+def test_ctrl_c_with_ray_workers_saves_and_leaves_no_worker_behind(inputs, tmp_path):
+    import signal
+
+    from rl_helpers import ember_train_process, logged_training_steps, wait_for
+
+    run_dir, log_path = tmp_path / "run", tmp_path / "train.log"
+    before = rank_worker_processes()
+    overrides = run_overrides(inputs, run_dir, *TWO_RANKS, "trainer.total_training_steps=40",
+                              "trainer.val_before_train=False", "+custom_reward_function.reward_kwargs.sleep_s=0.02")
+    with ember_train_process(overrides, log_path, env={"RAY_ADDRESS": "local"}) as process:
+        wait_for(lambda: len(logged_training_steps(run_dir)) >= 1, process, log_path, timeout_s=240)
+        assert rank_worker_processes() - before  # the run's two ranks are worker processes
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 0, log_path.read_text()[-4000:]
+    stopped = logged_training_steps(run_dir)[-1]
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [stopped]
+    assert f"stopping at step {stopped} on SIGINT" in log_path.read_text()
+    import time
+
+    deadline = time.monotonic() + 30
+    while rank_worker_processes() - before and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not rank_worker_processes() - before
