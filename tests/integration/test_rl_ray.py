@@ -64,6 +64,20 @@ def test_ppo_with_the_critic_in_its_own_pool(inputs, tmp_path, local_ray):
     assert any("call" in str(event.get("name", "")) for event in events)
 
 
+def test_ppo_with_shared_pools_runs_actor_and_critic_in_the_same_processes_in_turn(inputs, tmp_path, local_ray):
+    run_dir = tmp_path / "run"
+    trainer = train(run_overrides(inputs, run_dir, *TWO_RANKS, "algorithm.adv_estimator=gae",
+                                  "trainer.total_training_steps=1", "trainer.val_before_train=False",
+                                  "+resource_pool.actor_rollout.num_gpus=2", "+resource_pool.critic.num_gpus=2"))
+    # Shared: one group of two processes holds both roles; each process runs one call at a time,
+    # so the critic's update and the actor's take turns on the same ranks.
+    assert trainer.parts.critic.group is trainer.parts.actor.group and trainer.parts.actor.dp_size == 2
+    step = metrics_by_step(run_dir)[1]
+    assert step["critic/grad_norm"] > 0 and step["actor/grad_norm"] > 0
+    # In turn: the step took at least both updates' time on the slowest rank.
+    assert step["timing_s/step"] >= step["perf/critic/update_seconds_max_rank"] + step["perf/actor/update_seconds_max_rank"]
+
+
 def test_checkpoints_resume_on_another_number_of_ranks(inputs, tmp_path, local_ray):
     run_dir = tmp_path / "run"
     common = ["trainer.val_before_train=False", "trainer.save_freq=1"]
