@@ -37,6 +37,9 @@ class MegatronConfig:
     optimizer_offload: bool = field_(False, "keep optimizer state in CPU memory while the role is idle")
     seed: int = field_(42, "seed of Megatron's model-parallel random-number tracker")
     use_mbridge: bool = field_(False, "convert HF checkpoints with mbridge instead of ember's converter")
+    override_model_config: dict[str, Any] = field_(
+        {}, "fields replacing those of the HF model config the Megatron model is built from (the NLA fork's "
+        "Megatron files: {model_config: {use_cache: false}}), passed as given")
     override_transformer_config: dict[str, Any] = field_(
         {}, "extra Megatron TransformerConfig fields (e.g. recompute_method, recompute_num_layers), passed as given")
     override_ddp_config: dict[str, Any] = field_({}, "extra Megatron DistributedDataParallelConfig fields, passed as given")
