@@ -180,6 +180,8 @@ def nla_extract_errors(cfg: NLAExtractConfig) -> list[str]:
     dataset, sampling = cfg.dataset, cfg.sampling
     if (dataset.text_column is None) == (dataset.chat_column is None):
         errors.append("name the documents' column: dataset.text_column (plain text) or dataset.chat_column (chats), one of them")
+    if cfg.mode == "eval" and dataset.text_column is None:
+        errors.append("mode eval reads each row's source_prompt as plain text: set dataset.text_column to its column")
     if dataset.expect_chat and dataset.chat_column is None:
         errors.append("dataset.expect_chat=true needs dataset.chat_column (the column of chats)")
     for key, value, low in (("sampling.activations_per_sample", sampling.activations_per_sample, 1),
