@@ -40,7 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=summary, description=summary, allow_abbrev=False, epilog=OVERRIDE_HELP,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         add_config_arguments(sub)
-    nla = commands.add_parser("nla", help="natural language autoencoders: train, sft, extract, eval (the NLA fork's run files)",
+    nla = commands.add_parser("nla",
+                              help="natural language autoencoders: train, sft, extract, eval (the NLA fork's run files)",
                               description="natural language autoencoders, with run files in the form of the verl NLA fork")
     nla_commands = nla.add_subparsers(dest="nla_command", required=True, metavar="NLA_COMMAND")
     for name, command in NLA_COMMANDS.items():

@@ -40,7 +40,8 @@ def normalize_nla_train(cfg: NLATrainConfig) -> None:
                     f"{cfg.data.train_batch_size * n}")
             section.ppo_mini_batch_size = experiences // n
         trainer.mini_batch_counts = "prompts"
-    for path, owner, strategy in (("actor_rollout_ref.actor", cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.actor.strategy),
+    actor = cfg.actor_rollout_ref.actor
+    for path, owner, strategy in (("actor_rollout_ref.actor", actor, actor.strategy),
                                   ("critic.model", cfg.critic.model, cfg.critic.strategy)):
         if owner.fsdp_config is None:
             if strategy != "megatron":
@@ -71,7 +72,8 @@ def megatron_critic_pipeline_error(cfg: NLATrainConfig) -> str | None:
     pipeline = critic.megatron.pipeline_model_parallel_size
     if critic.strategy != "megatron" or pipeline <= 1 or critic.output_layer_index in (None, -1):
         return None
-    return (f"NLA Megatron critic does not support pipeline parallelism (PP={pipeline}); set pipeline_model_parallel_size: 1\n"
+    return (f"NLA Megatron critic does not support pipeline parallelism (PP={pipeline}); "
+            "set pipeline_model_parallel_size: 1\n"
             f"critic.output_layer_index={critic.output_layer_index} is an intermediate layer, which lives on one pipeline "
             "stage while the prediction is read on the last. Ways out (choose one):\n"
             "  1. critic.megatron.pipeline_model_parallel_size=1: any output_layer_index works\n"
@@ -179,7 +181,8 @@ def nla_extract_errors(cfg: NLAExtractConfig) -> list[str]:
     errors = []
     dataset, sampling = cfg.dataset, cfg.sampling
     if (dataset.text_column is None) == (dataset.chat_column is None):
-        errors.append("name the documents' column: dataset.text_column (plain text) or dataset.chat_column (chats), one of them")
+        errors.append("name the documents' column: dataset.text_column (plain text) or dataset.chat_column (chats), "
+                      "one of them")
     if cfg.mode == "eval" and dataset.text_column is None:
         errors.append("mode eval reads each row's source_prompt as plain text: set dataset.text_column to its column")
     if dataset.expect_chat and dataset.chat_column is None:

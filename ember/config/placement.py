@@ -80,9 +80,9 @@ def requested_pools(cfg: EmberConfig) -> tuple[dict[str, list[int] | int], dict[
     config = cfg.resource_pool
     role_entries = {role: getattr(config, role) for role in ROLES if getattr(config, role) is not None}
     named = _named_pools(cfg.ray_kwargs.resource_pool, cfg.trainer.nnodes)
-    forms = [text for text, given in (("resource_pool.pools + resource_pool.mapping (verl's form)", config.pools or config.mapping),
-                                      ("resource_pool.<role>.num_gpus", role_entries),
-                                      ("ray_kwargs.resource_pool (the NLA fork's form)", named)) if given]
+    given = (("resource_pool.pools + resource_pool.mapping (verl's form)", config.pools or config.mapping),
+             ("resource_pool.<role>.num_gpus", role_entries), ("ray_kwargs.resource_pool (the NLA fork's form)", named))
+    forms = [text for text, present in given if present]
     if len(forms) > 1:
         raise ConfigError(f"resource_pool: give the pools in one form, {' or '.join(forms)}, not both")
     if role_entries:
@@ -121,7 +121,8 @@ def _named_pool_roles(pools: dict[str, list[int]]) -> dict[str, str]:
     if missing:
         raise ConfigError(f"ray_kwargs.resource_pool names pools {', '.join(pools)} but none for {' or '.join(missing)}: "
                           "with named pools the fork needs one whose name contains actor (or rollout) and one whose "
-                          "name contains critic (0-GPU pools do not count)")
+                          "name contains critic (0-GPU pools do not count); give it GPUs, or remove the pools for "
+                          "every role to share all GPUs")
     return mapping
 
 
