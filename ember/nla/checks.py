@@ -2,8 +2,8 @@
 
 Loading checked the configuration alone (ember/config/nla_rules.py); here the model's
 config.json says how many layers there are, so a layer index outside the model is named
-with the model's layer count, and the data files' recorded `activation_layer` must be the
-layer the critic predicts. `nla_run_notes` are the lines a run logs once about keys that
+with the model's layer count, the tokenizer must give a marker and the one the data files
+recorded, and the data's recorded `activation_layer` must be the layer the critic predicts. `nla_run_notes` are the lines a run logs once about keys that
 mean something else in ember than in the fork.
 """
 
@@ -19,6 +19,7 @@ from ember.config.schema.nla_sft import NLASFTConfig
 from ember.config.schema.nla_train import NLA_ROLLOUT_NAME, NLATrainConfig
 from ember.nla.data import activation_layers
 from ember.nla.eval import eval_sets
+from ember.nla.marker import check_recorded_marker, choose_marker
 
 logger = logging.getLogger(__name__)
 
@@ -76,16 +77,29 @@ def check_critic_prompt(text: str | None, tokenizer_path: str, trust_remote_code
                           f"{CRITIC_PROMPT_MAX_TOKENS} (as in the fork): shorten it")
 
 
+def check_data_markers(files: str | list[str] | None, tokenizer_path: str, injection_token: str | None,
+                       trust_remote_code: bool) -> None:
+    """The tokenizer gives a marker, and every data file that records one (ember's) recorded that one."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, trust_remote_code=trust_remote_code)
+    marker = choose_marker(tokenizer, injection_token)
+    for path in _as_list(files):
+        check_recorded_marker(path, marker)
+
+
 def check_nla_train_start(cfg: NLATrainConfig) -> None:
-    """Everything `ember nla train` checks before it builds anything: paths, then the critic's layers against
-    its model and against the data (the actor's hidden size is checked as its data is read)."""
+    """Everything `ember nla train` checks before it builds anything: paths, the marker against the data, then the
+    critic's layers against its model and the data (each row's vector length is checked as the data is read)."""
     from ember.trainer.rl_setup import check_data_files, check_input_paths  # torch-heavy: only when a run starts
 
     check_input_paths(cfg)
     evaluation = cfg.nla_eval
-    if evaluation.enabled:
-        for name, path in eval_sets(evaluation.eval_files, evaluation.eval_file).items():
-            check_data_files(f"nla_eval.eval_files.{name}", path)
+    sets = eval_sets(evaluation.eval_files, evaluation.eval_file) if evaluation.enabled else {}
+    for name, path in sets.items():
+        check_data_files(f"nla_eval.eval_files.{name}", path)
+    model = cfg.actor_rollout_ref.model
+    data_files = [*_as_list(cfg.data.train_files), *_as_list(cfg.data.val_files), *sets.values()]
+    check_data_markers(data_files, cfg.data.tokenizer or model.tokenizer_path or model.path,
+                       cfg.nla.injection.injection_token, model.trust_remote_code)
     critic = cfg.critic
     num_layers = model_layer_count(critic.model.path, critic.model.trust_remote_code)
     check_truncation("critic.model.truncate_at_layer", critic.model.truncate_at_layer, num_layers, critic.model.path)
@@ -110,6 +124,9 @@ def check_nla_sft_start(cfg: NLASFTConfig) -> None:
     check_data_files("data.train_files", cfg.data.train_files)
     check_data_files("data.val_files", cfg.data.val_files)
     check_output_dir("trainer.default_local_dir", cfg.trainer.default_local_dir)
+    check_data_markers([*_as_list(cfg.data.train_files), *_as_list(cfg.data.val_files)],
+                       cfg.model.tokenizer_path or cfg.model.partial_pretrain, cfg.nla.injection.injection_token,
+                       cfg.model.trust_remote_code)
     if cfg.nla.train_mode != "critic":
         return
     critic = cfg.nla.critic
@@ -120,6 +137,10 @@ def check_nla_sft_start(cfg: NLASFTConfig) -> None:
         check_truncation("nla.critic.truncate_layers", critic.truncate_layers, num_layers, path)
     layer = resolve_layer_index("nla.critic.output_layer_index", critic.output_layer_index, num_layers, path)
     check_vector_layer("data.train_files", cfg.data.train_files, layer, "nla.critic.output_layer_index")
+
+
+def _as_list(files: str | list[str] | None) -> list[str]:
+    return [files] if isinstance(files, str) else list(files or [])
 
 
 def nla_run_notes(cfg: NLATrainConfig) -> list[str]:

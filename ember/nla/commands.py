@@ -64,7 +64,7 @@ def _run_extract(cfg: NLAExtractConfig) -> int:
 
 def _eval_checks(cfg: NLATrainConfig) -> None:
     from ember.config.errors import ConfigError
-    from ember.nla.checks import log_notes, nla_run_notes
+    from ember.nla.checks import check_data_markers, log_notes, nla_run_notes
     from ember.nla.eval import eval_sets
     from ember.trainer.rl_setup import check_data_files, check_model_path
 
@@ -75,9 +75,12 @@ def _eval_checks(cfg: NLATrainConfig) -> None:
     if cfg.actor_rollout_ref.model.path is None:
         raise ConfigError("actor_rollout_ref.model.path is not set; point it at the actor to evaluate (an HF folder)")
     log_notes(nla_run_notes(cfg))
-    check_model_path("actor_rollout_ref.model.path", cfg.actor_rollout_ref.model.path)
+    model = cfg.actor_rollout_ref.model
+    check_model_path("actor_rollout_ref.model.path", model.path)
     for name, path in sets.items():
         check_data_files(f"nla_eval.eval_files.{name}", path)
+    check_data_markers(list(sets.values()), model.tokenizer_path or model.path, cfg.nla.injection.injection_token,
+                       model.trust_remote_code)
 
 
 def run_nla_eval(cfg: NLATrainConfig) -> int:

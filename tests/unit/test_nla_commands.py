@@ -95,6 +95,15 @@ def test_train_start_checks_name_the_key(tmp_path, model_dir, capsys, overrides,
     assert message.format(model=model_dir) in capsys.readouterr().err
 
 
+def test_train_stops_on_data_written_for_another_marker(tmp_path, model_dir, capsys):
+    from ember.nla.marker import Marker, marker_metadata
+
+    other = write_parquet([nla_rl_row([0.1] * 64)], tmp_path / "other.parquet", metadata=marker_metadata(Marker("㊗", 9)))
+    assert nla("train", "--config-name", "runs/qwen_7b/rl_grpo", *tiny_run(tmp_path, model_dir),
+               f"data.val_files=[{other}]") == 2
+    assert f"{other} was written with marker '㊗' (token id 9)" in capsys.readouterr().err
+
+
 def test_sft_checks_the_critic_layer_then_stops_at_its_row(tmp_path, model_dir, capsys):
     train = write_parquet([{**nla_rl_row([0.1] * 64), "response": "a fox"}], tmp_path / "sft_layer1.parquet")
     run = [f"model.partial_pretrain={model_dir}", f"data.train_files={train}", "data.val_files=null",
