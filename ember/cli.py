@@ -1,4 +1,4 @@
-"""The `ember` command: train (RL), sft, preprocess, export.
+"""The `ember` command: train (RL), sft, preprocess, export, and `ember nla {train,sft,extract,eval}`.
 
 Each subcommand imports its implementation only when it runs, so `ember --help` and
 `--print-config` stay fast and work before every part of ember is installed. In every
@@ -17,6 +17,7 @@ import sys
 from ember import __version__
 from ember.config import EmberConfig, SFTConfig
 from ember.config.presets import BUILTIN_DEMO_OVERRIDES, is_builtin_demo
+from ember.nla.commands import NLA_COMMANDS
 from ember.trainer.command_line import (
     OVERRIDE_HELP,
     RunPlan,
@@ -39,6 +40,16 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=summary, description=summary, allow_abbrev=False, epilog=OVERRIDE_HELP,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         add_config_arguments(sub)
+    nla = commands.add_parser("nla",
+                              help="natural language autoencoders: train, sft, extract, eval (the NLA fork's run files)",
+                              description="natural language autoencoders, with run files in the form of the verl NLA fork")
+    nla_commands = nla.add_subparsers(dest="nla_command", required=True, metavar="NLA_COMMAND")
+    for name, command in NLA_COMMANDS.items():
+        default = f" (default: ember's {command.default_config})" if command.default_config else ""
+        sub = nla_commands.add_parser(name, help=command.summary, description=command.summary + default,
+                                      allow_abbrev=False, epilog=OVERRIDE_HELP,
+                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+        add_config_arguments(sub)
     commands.add_parser("preprocess", add_help=False,
                         help="prepare datasets as parquet (gsm8k, chat conversion, synthetic tasks); "
                              "`ember preprocess --help` lists the recipes")
@@ -56,11 +67,16 @@ def main(argv: list[str] | None = None) -> int:
         return exit_status(lambda: _run_preprocess(argv[1:]))
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and args.command not in ("train", "sft"):
+    if extra and args.command not in ("train", "sft", "nla"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.command == "export":
         return exit_status(lambda: _run_export(args))
     overrides = config_overrides(parser, args, extra)
+    if args.command == "nla":
+        command = NLA_COMMANDS[args.nla_command]
+        if args.config_path is None and args.config_name is None:
+            args.config_name = command.default_config
+        return exit_status(lambda: run_configured(args, overrides, command.schema, command.plan))
     if args.command == "sft":
         return exit_status(lambda: run_configured(args, overrides, SFTConfig, lambda cfg: RunPlan(_run_sft)))
     return exit_status(lambda: run_configured(args, overrides, EmberConfig, _train_plan))

@@ -40,6 +40,40 @@ def make_tiny_model_dir(tmp_path: Path, arch: str = "qwen2", seed: int = 0, **ov
     return directory
 
 
+# The tiny tokenizer splits the fork's circled ideographs into bytes; trained on these it keeps 囍 (the
+# 26th marker candidate) as one token, so NLA tests see ember skip the 25 candidates before it.
+NLA_MARKER = "囍"
+
+
+@functools.cache
+def nla_tokenizer_dir() -> Path:
+    """A folder holding a tiny tokenizer that keeps NLA_MARKER as one token (trained once per session)."""
+    directory = Path(tempfile.mkdtemp(prefix="ember-nla-tokenizer-"))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    train_tiny_tokenizer(texts=[NLA_MARKER] * 200).save_pretrained(directory)
+    return directory
+
+
+def make_nla_tokenizer() -> PreTrainedTokenizerFast:
+    return AutoTokenizer.from_pretrained(nla_tokenizer_dir())
+
+
+def make_nla_model_dir(tmp_path: Path, arch: str = "qwen2", seed: int = 0, **overrides: Any) -> Path:
+    """A tiny `arch` model folder (hidden size 64, 2 layers) whose tokenizer has an NLA marker."""
+    directory = Path(tmp_path) / f"nla-{arch}"
+    build_tiny_model(arch, make_nla_tokenizer(), out_dir=directory, seed=seed, **overrides)
+    return directory
+
+
+def nla_rl_row(vector: list[float], content: str = f"Explain the following: <concept>{NLA_MARKER}</concept>\n",
+               **columns: Any) -> dict[str, Any]:
+    """One row of an NLA RL parquet in the fork's form, with `columns` added or replaced."""
+    row = {"prompt": [{"role": "user", "content": content}], "activation_vector": vector, "sample_uuid": "u0",
+           "activation_layer": 1, "activation_token_id": 7, "source_sequence_token_index": 3,
+           "immediate_prefix": "The quick"}
+    return {**row, **columns}
+
+
 def rl_row(question: str, ground_truth: str, data_source: str = "test/arithmetic", **columns: Any) -> dict[str, Any]:
     """One row of an RL parquet in verl's format, with `columns` added or replaced."""
     row = {

@@ -1,9 +1,10 @@
 """Composing a run config from `--config-path DIR --config-name NAME` and the file's Hydra `defaults:` list.
 
 A defaults entry is `_self_` (this file's own keys), the name of one of ember's built-in
-bases (`ppo_trainer`, `ppo_megatron_trainer`, `sft_trainer`: the schema defaults) unless a
-file of that name is there, another YAML file (looked up next to the including file, then
-in the config directory), or
+bases (`ppo_trainer`, `ppo_megatron_trainer`, `sft_trainer`: the schema defaults;
+`nla_grpo_full` under `ember nla train`) unless a file of that name is there, another YAML
+file (looked up next to the including file, then in the config directory; a leading `/`, as
+in `- /nla_grpo_full`, looks in the config directory only), or
 `{group: name}` / `{group@package: name}` (the file `group/name.yaml`, placed under
 `package`, which defaults to the group). Without `_self_` the file's keys come last, as in
 Hydra. A top-level `hydra:` section configures Hydra itself and is ignored here. A
@@ -81,11 +82,12 @@ def _layers_of(path: str, root: str, builtin_bases: dict[str, dict[str, Any]], i
     for entry in defaults:
         if entry == "_self_":
             layers.append(Layer(path, data))
-        elif isinstance(entry, str) and _is_builtin(search_dirs, entry, builtin_bases):
-            layers.append(_builtin_layer(entry, builtin_bases))
         elif isinstance(entry, str):
-            included = _find(search_dirs, entry)
-            layers.extend(_layers_of(included, root, builtin_bases, including + (path,)))
+            name, dirs = (entry[1:], [root]) if entry.startswith("/") else (entry, search_dirs)
+            if _is_builtin(dirs, name, builtin_bases):
+                layers.append(_builtin_layer(name, builtin_bases))
+            else:
+                layers.extend(_layers_of(_find(dirs, name), root, builtin_bases, including + (path,)))
         elif isinstance(entry, dict) and len(entry) == 1:
             layers.extend(_group_layers(entry, path, root, builtin_bases, including + (path,)))
         else:

@@ -21,7 +21,8 @@ def _entries(defaults: object, prefix: str) -> Iterator[str]:
             yield f"{path} = {getattr(defaults, field.name)!r}  # {description}"
             continue
         yield f"{path}:  # {description}"
-        yield from _entries(getattr(defaults, field.name) or nested(), path + ".")
+        value = getattr(defaults, field.name)
+        yield from _entries(value if dataclasses.is_dataclass(value) else nested(), path + ".")
 
 
 def describe_keys(schema: type, prefix: str = "") -> str:

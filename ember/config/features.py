@@ -1,9 +1,10 @@
 """Configuration switches whose keys exist but whose code has not landed yet.
 
-`check_implemented(cfg)` is called by `ember train` / `ember sft` before a real run (never
+`check_implemented(cfg)` is called by every configured command before a real run (never
 for `--print-config`), so a config written for verl loads, prints and validates, and only
 running it says what ember cannot do yet. Each table row is (predicate, message); delete a
-row in the commit that implements its feature.
+row in the commit that implements its feature. A command may pass its own rows (`ember nla
+eval` only generates, so the training rows do not concern it).
 """
 
 from __future__ import annotations
@@ -14,6 +15,10 @@ from typing import Any
 from ember.config.errors import NotImplementedFeature
 from ember.config.introspect import value_at
 from ember.config.schema import EmberConfig, SFTConfig
+from ember.config.schema.nla import FORK_SFT_DATASET_MODULE
+from ember.config.schema.nla_extract import NLAExtractConfig
+from ember.config.schema.nla_sft import NLASFTConfig
+from ember.config.schema.nla_train import NLATrainConfig
 
 Row = tuple[Callable[[Any], bool], Callable[[Any], str]]
 
@@ -82,7 +87,9 @@ RL_UNIMPLEMENTED: list[Row] = [
     _flag(f"{_A}.rollout.tensor_model_parallel_size",
           "(one generation engine over several GPUs) is not implemented yet; use 1 (each GPU generates its share)"),
     _flag("trainer.noise_injection.enabled"),
-    _flag("nla.enable"),
+    (lambda cfg: isinstance(cfg, NLATrainConfig),
+     lambda cfg: "ember nla train: NLA's RL loop (the vector injected in the actor and in ember's engine, the "
+                 "reconstructing critic and its reward) is not implemented yet"),
     _flag("reward_model.enable"),
     _flag(f"{_A}.model.enable_activation_offload"),
     _flag("critic.model.enable_activation_offload"),
@@ -106,19 +113,39 @@ SFT_UNIMPLEMENTED: list[Row] = [
     _flag("model.lora_rank", "(LoRA) is not implemented yet; use 0"),
     _flag("ulysses_sequence_parallel_size"),
     _flag("model.use_liger"),
-    _flag("data.custom_cls.path"),
+    # the fork's SFT files name its own NLA dataset class, which ember nla sft replaces
+    (lambda cfg: cfg.data.custom_cls.path is not None
+     and not (isinstance(cfg, NLASFTConfig) and cfg.data.custom_cls.path == FORK_SFT_DATASET_MODULE),
+     lambda cfg: f"data.custom_cls.path={cfg.data.custom_cls.path} is not implemented yet"),
+    (lambda cfg: isinstance(cfg, NLASFTConfig),
+     lambda cfg: f"ember nla sft: NLA SFT (nla.train_mode={cfg.nla.train_mode}) is not implemented yet"),
+]
+
+NLA_EVAL_UNIMPLEMENTED: list[Row] = [
+    (lambda cfg: True, lambda cfg: "ember nla eval: generating with the vector injected at the marker (ember's engine) "
+                                   "is not implemented yet"),
+]
+
+NLA_EXTRACT_UNIMPLEMENTED: list[Row] = [
+    (lambda cfg: cfg.dataset.input_parquet is None and cfg.dataset.name is not None,
+     lambda cfg: f"dataset.name={cfg.dataset.name}: reading hub datasets is not implemented yet; save the documents "
+                 "as a .parquet or .jsonl file and set dataset.input_parquet"),
+    _flag("source_indices_file"),
 ]
 
 
-def unimplemented_features(cfg: EmberConfig | SFTConfig) -> list[str]:
-    """Messages for every switch in `cfg` that asks for something not implemented yet."""
-    rows = RL_UNIMPLEMENTED if isinstance(cfg, EmberConfig) else SFT_UNIMPLEMENTED
+def unimplemented_features(cfg: Any, rows: list[Row] | None = None) -> list[str]:
+    """Messages for every switch in `cfg` that asks for something not implemented yet (`rows`: the
+    command's own table; None = the table of `cfg`'s root)."""
+    if rows is None:
+        rows = (RL_UNIMPLEMENTED if isinstance(cfg, EmberConfig) else SFT_UNIMPLEMENTED if isinstance(cfg, SFTConfig)
+                else NLA_EXTRACT_UNIMPLEMENTED if isinstance(cfg, NLAExtractConfig) else [])
     return [message(cfg) for applies, message in rows if applies(cfg)]
 
 
-def check_implemented(cfg: EmberConfig | SFTConfig) -> None:
+def check_implemented(cfg: Any, rows: list[Row] | None = None) -> None:
     """Raise NotImplementedFeature listing every unimplemented switch that `cfg` turns on."""
-    messages = unimplemented_features(cfg)
+    messages = unimplemented_features(cfg, rows)
     if len(messages) == 1:
         raise NotImplementedFeature(messages[0])
     if messages:

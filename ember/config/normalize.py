@@ -5,6 +5,8 @@
   `log_prob_micro_batch_size`, `micro_batch_size`) become the per-GPU sizes code reads.
 - `optim.warmup_style` (verl's older name) is copied to `optim.lr_scheduler_type`.
 - SFT `model.strategy: null` becomes megatron when `model.megatron` is given, else fsdp2.
+- The NLA configurations get their own rules after these (ember/config/nla_rules.py): under
+  `ember nla train` the fork's experience-counted `ppo_mini_batch_size` becomes prompts.
 
 Values the user gave are never changed, only nulls and deprecated spellings.
 """
@@ -14,19 +16,26 @@ from __future__ import annotations
 from typing import Any
 
 from ember.config.errors import ConfigError
+from ember.config.nla_rules import normalize_nla_sft, normalize_nla_train
 from ember.config.parallel import data_parallel_size, world_size
 from ember.config.schema import EmberConfig, SFTConfig
+from ember.config.schema.nla_sft import NLASFTConfig
+from ember.config.schema.nla_train import NLATrainConfig
 from ember.config.schema.optim import OptimConfig
 
 CRITIC_ESTIMATORS = ("gae",)
 
 
-def normalize(cfg: EmberConfig | SFTConfig) -> None:
-    """Fill implied values of `cfg` in place."""
+def normalize(cfg: Any) -> None:
+    """Fill implied values of `cfg` (a root configuration) in place."""
     if isinstance(cfg, EmberConfig):
         _normalize_rl(cfg)
-    else:
+    if isinstance(cfg, NLATrainConfig):
+        normalize_nla_train(cfg)
+    if isinstance(cfg, SFTConfig):
         _normalize_sft(cfg)
+    if isinstance(cfg, NLASFTConfig):
+        normalize_nla_sft(cfg)
 
 
 def _normalize_rl(cfg: EmberConfig) -> None:

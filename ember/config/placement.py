@@ -4,9 +4,15 @@ verl's form names pools with a GPU count per node and maps roles onto them:
 
     resource_pool.pools={train: [4, 4], critic: [4, 4]}  resource_pool.mapping={critic: critic}
 
-NLA run files write one entry per role with its total GPU count:
+The NLA seed documents write one entry per role with its total GPU count:
 
     resource_pool: {actor_rollout: {num_gpus: 4}, critic: {num_gpus: 4}}
+
+The NLA fork's run files name pools under `ray_kwargs`, with a GPU count per node; a name
+containing "actor" or "rollout" is the pool of actor, rollout and reference, one containing
+"critic" the critic's, and pools of 0 GPUs are dropped (the fork's base file declares two):
+
+    ray_kwargs: {resource_pool: {actor_rollout: {num_gpus: 4}, critic: {num_gpus: 4}}}
 
 The one thing to know: a run is either *shared* (one pool, or every pool asks for all the
 GPUs of the run: the roles live in the same processes and take turns, offloading what is
@@ -26,6 +32,7 @@ from ember.config.schema import EmberConfig
 from ember.config.schema.resources import ROLES
 
 ACTOR_ROLE = "actor_rollout"
+NAMED_POOL_ROLES = {"actor": ACTOR_ROLE, "rollout": ACTOR_ROLE, "critic": "critic"}  # name part -> role (the fork's rule)
 
 
 @dataclass(frozen=True)
@@ -65,20 +72,58 @@ class Placement:
 
 
 def requested_pools(cfg: EmberConfig) -> tuple[dict[str, list[int] | int], dict[str, str], str]:
-    """The pools as written, the role → pool mapping and which form was used.
+    """The pools as written, the role → pool mapping and which form was used ("pools", "role" or "named").
 
-    verl's form gives a list of per-node counts per pool; the role form a total count per
-    role (its pool is named after the role). Giving both forms is an error.
+    verl's form and the named form give a list of per-node counts per pool; the role form a
+    total count per role (its pool is named after the role). Giving two forms is an error.
     """
     config = cfg.resource_pool
     role_entries = {role: getattr(config, role) for role in ROLES if getattr(config, role) is not None}
-    if role_entries and (config.pools or config.mapping):
-        raise ConfigError("resource_pool: give either pools + mapping (verl's form) or per-role entries "
-                          f"({', '.join(f'resource_pool.{role}.num_gpus' for role in role_entries)}), not both")
+    named = _named_pools(cfg.ray_kwargs.resource_pool, cfg.trainer.nnodes)
+    given = (("resource_pool.pools + resource_pool.mapping (verl's form)", config.pools or config.mapping),
+             ("resource_pool.<role>.num_gpus", role_entries), ("ray_kwargs.resource_pool (the NLA fork's form)", named))
+    forms = [text for text, present in given if present]
+    if len(forms) > 1:
+        raise ConfigError(f"resource_pool: give the pools in one form, {' or '.join(forms)}, not both")
     if role_entries:
         return ({role: entry.num_gpus for role, entry in role_entries.items()},
                 {role: role for role in role_entries}, "role")
+    if named:
+        return named, _named_pool_roles(named), "named"
     return dict(config.pools), dict(config.mapping), "pools"
+
+
+def _named_pools(entries: dict[str, object], nnodes: int) -> dict[str, list[int]]:
+    """The fork's named pools with their per-node GPU counts as verl's lists, 0-GPU pools dropped."""
+    pools = {}
+    for name, entry in entries.items():
+        key = f"ray_kwargs.resource_pool.{name}"
+        if not isinstance(entry, dict) or not set(entry) <= {"num_gpus", "num_cpus"}:
+            raise ConfigError(f"{key}={entry!r} must be a mapping of num_gpus (per node) and optionally num_cpus")
+        gpus = entry.get("num_gpus", 0)
+        if type(gpus) is not int or gpus < 0:
+            raise ConfigError(f"{key}.num_gpus={gpus!r} must be a whole number of GPUs per node (0 drops the pool)")
+        if gpus:
+            pools[name] = [gpus] * nnodes
+    return pools
+
+
+def _named_pool_roles(pools: dict[str, list[int]]) -> dict[str, str]:
+    """role -> pool by the fork's rule on pool names; both the actor's and the critic's pool must be named."""
+    mapping = {}
+    for name in pools:
+        roles = {role for part, role in NAMED_POOL_ROLES.items() if part in name.lower()}
+        if not roles:
+            raise ConfigError(f"ray_kwargs.resource_pool.{name} names no role: a pool's name must contain actor or "
+                              "rollout (the actor, rollout and reference) or critic (the critic)")
+        mapping.update({role: name for role in roles})
+    missing = [role for role in (ACTOR_ROLE, "critic") if role not in mapping]
+    if missing:
+        raise ConfigError(f"ray_kwargs.resource_pool names pools {', '.join(pools)} but none for {' or '.join(missing)}: "
+                          "with named pools the fork needs one whose name contains actor (or rollout) and one whose "
+                          "name contains critic (0-GPU pools do not count); give it GPUs, or remove the pools for "
+                          "every role to share all GPUs")
+    return mapping
 
 
 def placement_errors(cfg: EmberConfig) -> list[str]:
@@ -101,8 +146,9 @@ def placement_errors(cfg: EmberConfig) -> list[str]:
         return errors
     sizes = {}
     for name, counts in requested.items():
-        key = f"resource_pool.pools.{name}" if form == "pools" else f"resource_pool.{name}.num_gpus"
-        if form == "pools":
+        key = {"pools": f"resource_pool.pools.{name}", "role": f"resource_pool.{name}.num_gpus",
+               "named": f"ray_kwargs.resource_pool.{name}.num_gpus"}[form]
+        if form != "role":
             if len(counts) != nnodes:
                 errors.append(f"{key}={counts} must list a GPU count for each of the {nnodes} node(s)")
                 continue
@@ -144,7 +190,8 @@ def plan_placement(cfg: EmberConfig) -> Placement:
     if not requested:
         return Placement(pools=(Pool("global", per_node, nnodes),), role_pools={})
     sizes = {name: sum(count) if isinstance(count, list) else count for name, count in requested.items()}
-    names = sorted(sizes, key=lambda name: name != ACTOR_ROLE) if form == "role" else list(sizes)  # roles without a pool join the first
+    # roles without a pool join the first: the actor's in the per-role and named forms, the first written in verl's
+    names = list(sizes) if form == "pools" else sorted(sizes, key=lambda name: name != mapping[ACTOR_ROLE])
     shared = all(size == nnodes * per_node for size in sizes.values())
     pools, first_gpu = [], 0
     for name in names:

@@ -22,6 +22,11 @@ def defaults_tree(schema: type) -> dict[str, Any]:
     return dataclasses.asdict(schema())
 
 
+def is_interpolation(value: Any) -> bool:
+    """Whether `value` is one `${...}` reference (resolved by the loader), e.g. the fork's `actor_rollout_ref.nla: ${nla}`."""
+    return isinstance(value, str) and value.startswith("${") and value.endswith("}")
+
+
 def rewrite_alias(aliases: dict[str, str], parts: tuple[str, ...]) -> tuple[str, ...]:
     """`parts` with a leading alias (a dialect's name for a key) replaced by the key it means."""
     for length in range(len(parts), 0, -1):
@@ -61,9 +66,13 @@ class ConfigTree:
         location = self.locate(parts, source)
         nested = section_class(location.annotation) if location.free_form_depth is None else None
         if nested is not None and isinstance(value, dict):
-            self._container(parts, create_missing=True)[parts[-1]] = self._get(parts) or defaults_tree(nested)
+            current = self._get(parts)
+            self._container(parts, create_missing=True)[parts[-1]] = current if isinstance(current, dict) else defaults_tree(nested)
             for key, item in value.items():
                 self.assign(parts + (str(key),), item, source)
+            return
+        if nested is not None and is_interpolation(value):  # the section another one points to, resolved at load
+            self._container(parts, create_missing=True)[parts[-1]] = value
             return
         if nested is not None and (value is not None or type(None) not in union_members(location.annotation)):
             raise ConfigError(f"{'.'.join(parts)} is a section; set its keys ({'.'.join(parts)}.KEY=value), not {value!r}")

@@ -15,10 +15,14 @@ from typing import Any
 
 from ember.config.errors import ConfigError
 from ember.config.introspect import value_at
+from ember.config.nla_rules import megatron_critic_pipeline_error, nla_extract_errors, nla_sft_errors, nla_train_errors
 from ember.config.parallel import data_parallel_size, nearest_divisors, world_size
 from ember.config.placement import placement_errors, role_gpus
 from ember.config.schema import EmberConfig, SFTConfig
 from ember.config.schema.megatron import MegatronConfig
+from ember.config.schema.nla_extract import NLAExtractConfig
+from ember.config.schema.nla_sft import NLASFTConfig
+from ember.config.schema.nla_train import NLATrainConfig
 from ember.config.schema.trainer import LOGGERS_FROM_EXTRAS
 
 _ACTOR = "actor_rollout_ref.actor"
@@ -48,9 +52,17 @@ class Bound:
         return f"must be {'greater than' if self.low_open else 'at least'} {self.low}"
 
 
-def validate(cfg: EmberConfig | SFTConfig) -> None:
-    """Raise one ConfigError listing every problem of `cfg`, or return if there is none."""
-    errors = _rl_errors(cfg) if isinstance(cfg, EmberConfig) else _sft_errors(cfg)
+def validate(cfg: Any) -> None:
+    """Raise one ConfigError listing every problem of `cfg` (a root configuration), or return if there is none.
+    The NLA Megatron critic's pipeline guard is raised on its own, so that its first line is the fork's sentence."""
+    if isinstance(cfg, NLATrainConfig) and megatron_critic_pipeline_error(cfg) is not None:
+        raise ConfigError(megatron_critic_pipeline_error(cfg))
+    if isinstance(cfg, EmberConfig):
+        errors = _rl_errors(cfg) + (nla_train_errors(cfg) if isinstance(cfg, NLATrainConfig) else [])
+    elif isinstance(cfg, SFTConfig):
+        errors = _sft_errors(cfg) + (nla_sft_errors(cfg) if isinstance(cfg, NLASFTConfig) else [])
+    else:
+        errors = nla_extract_errors(cfg) if isinstance(cfg, NLAExtractConfig) else []
     if len(errors) == 1:
         raise ConfigError(errors[0])
     if errors:
@@ -128,11 +140,8 @@ def _rl_bounds(cfg: EmberConfig) -> list[Bound]:
                        "ray_init.num_cpus"),
         *(Bound(f"trainer.{name}", low=0) for name in ("critic_warmup", "log_val_generations")),
         *(Bound(f"trainer.noise_injection.{name}", low=0.0) for name in ("sigma_start", "sigma_end")),
-        Bound("nla.injection_layer", low=0),
-        Bound("nla.injection_scale", low=0.0, low_open=True),
-        Bound("nla.critic_warmup_steps", low=0),
     ]
-    for path in (f"{_ACTOR}.optim", "critic.optim", "nla.critic_optim"):
+    for path in (f"{_ACTOR}.optim", "critic.optim"):
         bounds += [Bound(f"{path}.lr", low=0.0), Bound(f"{path}.weight_decay", low=0.0),
                    Bound(f"{path}.lr_warmup_steps_ratio", **probability), Bound(f"{path}.min_lr_ratio", **probability)]
     for path in (_ACTOR, _REF, "critic"):
@@ -272,9 +281,7 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
         errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (the checkpoint folder to resume from)")
     if cfg.reward_model.enable and cfg.reward_model.model.path is None:
         errors.append("reward_model.enable=true needs reward_model.model.path (the reward model to load)")
-    if cfg.nla.enable and cfg.nla.train_files is None:
-        errors.append("nla.enable=true needs nla.train_files (parquet of activation vectors)")
-    for path in (f"{_ACTOR}.optim", "critic.optim", "nla.critic_optim"):
+    for path in (f"{_ACTOR}.optim", "critic.optim"):
         errors += _betas_errors(f"{path}.betas", value_at(cfg, path).betas)
     return errors + placement_errors(cfg)
 

@@ -73,6 +73,13 @@ def read_parquet_schema(path: str) -> list[str]:
         return pq.read_schema(path).names
 
 
+def read_parquet_metadata(path: str) -> dict[str, str]:
+    """The key-value metadata a writer stored in the parquet file at `path` (pandas' own entry left out)."""
+    with _reading_parquet(path):
+        stored = pq.read_schema(path).metadata or {}
+    return {key.decode(): value.decode() for key, value in stored.items() if key != b"pandas"}
+
+
 def read_parquet_table(path: str, columns: list[str]) -> list[dict[str, Any]]:
     """The `columns` of every row of the parquet file at `path`, as dicts."""
     with _reading_parquet(path):
@@ -172,16 +179,18 @@ def _read_json_lines(path: str, required: Mapping[str, str | None]) -> list[Sour
     return rows
 
 
-def write_parquet(rows: list[dict[str, Any]], path: PathLike) -> Path:
+def write_parquet(rows: list[dict[str, Any]], path: PathLike, metadata: Mapping[str, str] | None = None) -> Path:
     """Write `rows` (dicts with the same keys) to a parquet file, creating its folder; returns the path."""
-    (written,) = write_parquet_files({path: rows})
+    (written,) = write_parquet_files({path: rows}, metadata)
     return written
 
 
-def write_parquet_files(files: Mapping[PathLike, list[dict[str, Any]]]) -> list[Path]:
+def write_parquet_files(files: Mapping[PathLike, list[dict[str, Any]]],
+                        metadata: Mapping[str, str] | None = None) -> list[Path]:
     """Write each path's rows to a parquet file, all or none: every file goes to a temporary name
     beside its final one, and only once all are written are they renamed into place. On any
-    failure the temporaries are removed and the files already at those paths stay as they were."""
+    failure the temporaries are removed and the files already at those paths stay as they were.
+    `metadata` is stored in every file's schema (`read_parquet_metadata` reads it back)."""
     paths = {Path(path): rows for path, rows in files.items()}
     for path, rows in paths.items():
         if not rows:
@@ -191,7 +200,10 @@ def write_parquet_files(files: Mapping[PathLike, list[dict[str, Any]]]) -> list[
         for path, rows in paths.items():
             _make_folder(path.parent)
             temporaries[path] = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            pq.write_table(pa.Table.from_pylist(rows), temporaries[path])
+            table = pa.Table.from_pylist(rows)
+            if metadata:
+                table = table.replace_schema_metadata({**(table.schema.metadata or {}), **metadata})
+            pq.write_table(table, temporaries[path])
         for path, temporary in temporaries.items():
             os.replace(temporary, path)
     finally:

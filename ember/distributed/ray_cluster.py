@@ -32,7 +32,8 @@ def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -
                           "pip install 'ember[ray]'") from None
     if not ray.is_initialized():
         environment = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
-        ray.init(num_cpus=ray_init.num_cpus, include_dashboard=False, runtime_env={"env_vars": environment})
+        ray.init(num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, include_dashboard=False,
+                 runtime_env={"env_vars": environment})
     resources = ray.cluster_resources()
     use_gpus = wants_gpus and resources.get("GPU", 0) > 0
     kind = "GPU" if use_gpus else "CPU"

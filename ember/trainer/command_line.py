@@ -59,12 +59,15 @@ class RunPlan:
 
     run: Callable[[Any], int]  # the run itself; returns the exit status
     presets: list[str] = field(default_factory=list)  # overrides placed under the user's (the built-in demo's)
+    checks: Callable[[Any], None] | None = None  # what the run checks first (paths, the model's sizes)
+    feature_rows: list | None = None  # the command's own "not implemented yet" rows; None = its root's (features.py)
 
 
 def run_configured(args: argparse.Namespace, overrides: list[str], schema: type,
                    plan: Callable[[Any], RunPlan]) -> int:
     """`--describe` or `--print-config` print and return 0; otherwise `plan(cfg).run` on the loaded
-    configuration (reloaded with the plan's presets under `overrides`) once the feature check passed."""
+    configuration (reloaded with the plan's presets under `overrides`) once the plan's checks and the
+    feature check passed."""
     if args.describe is not None:
         print(describe_keys(schema, args.describe), end="")
         return 0
@@ -76,7 +79,9 @@ def run_configured(args: argparse.Namespace, overrides: list[str], schema: type,
     if args.print_config:
         print(config_to_yaml(cfg), end="")
         return 0
-    check_implemented(cfg)
+    if chosen.checks is not None:
+        chosen.checks(cfg)
+    check_implemented(cfg, chosen.feature_rows)
     return chosen.run(cfg)
 
 

@@ -24,7 +24,6 @@ def test_defaults_need_nothing_unimplemented():
     ([f"{A}.rollout.name=vllm", f"{A}.rollout.require_named_engine=true"],
      f"{A}.rollout.name=vllm with rollout.require_named_engine=true: vllm itself is not available in ember"),
     (["trainer.noise_injection.enabled=true"], "trainer.noise_injection.enabled=true is not implemented yet"),
-    (["nla.enable=true", "nla.train_files=a.parquet"], "nla.enable=true is not implemented yet"),
     (["reward_model.enable=true", "reward_model.model.path=/rm"], "reward_model.enable=true is not implemented yet"),
     ([f"{A}.model.lora_rank=8"], f"{A}.model.lora_rank=8 (LoRA) is not implemented yet; use 0"),
     ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"], "ulysses_sequence_parallel_size=2"),

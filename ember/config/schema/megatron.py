@@ -39,6 +39,9 @@ class MegatronConfig:
     use_mbridge: bool = field_(
         False, "verl's switch for converting HF checkpoints with mbridge; ember always converts with mbridge, so both "
                "values mean the same")
+    override_model_config: dict[str, Any] = field_(
+        {}, "fields replacing those of the HF model config the Megatron model is built from (the NLA fork's "
+        "Megatron files: {model_config: {use_cache: false}}), set on the HF config before conversion")
     override_transformer_config: dict[str, Any] = field_(
         {}, "extra Megatron TransformerConfig fields (e.g. recompute_method, recompute_num_layers), passed as given")
     override_ddp_config: dict[str, Any] = field_({}, "extra Megatron DistributedDataParallelConfig fields, passed as given")

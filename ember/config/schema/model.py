@@ -28,6 +28,7 @@ class ModelConfig:
     use_remove_padding: bool = field_(False, "pack sequences without padding (variable-length attention)")
     use_fused_kernels: bool = field_(False, "compute log-probs and entropy with fused kernels instead of full logits")
     trust_remote_code: bool = field_(False, "allow model and tokenizer code shipped with the checkpoint to run")
+    use_shm: bool = field_(False, "verl: copy the checkpoint to shared memory before loading; ember reads it from path (no effect)")
     use_liger: bool = field_(False, "replace layers with Liger kernels (GPU only)")
     lora_rank: int = field_(0, "rank of LoRA adapters; 0 = train all weights")
     lora_alpha: int = field_(16, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)")

@@ -1,46 +1,117 @@
-"""Natural Language Autoencoders (`nla`): explain an activation vector in words, then rebuild it from the words.
+"""Natural Language Autoencoders (NLA): the `nla` and `nla_eval` sections, in the keys of the public verl NLA fork.
 
-The actor reads a prompt in which the embedding of `injection_token` is replaced by (or
-added to) an activation vector, scaled to `injection_scale` times the token embedding
-norm, and writes an explanation. The NLA critic reads only the explanation and predicts the
-vector with a linear head on its hidden state at `critic_readout_layer`. The actor's reward
-is how well the vector was rebuilt (negative MSE or cosine similarity, times
-`reward_scale`); the critic is trained to rebuild it (supervised, MSE). Both train together,
-the actor with the GRPO settings of the rest of the config.
+The actor (verbaliser) reads a prompt whose marker token's input embedding is replaced by an
+activation vector and explains it in words; the critic (reconstructor) reads only the
+explanation and predicts the vector; the actor's reward is how close the prediction is.
+Keys and defaults are the fork's (docs/nla.md); ember's own additions (`scale`/`norm` in RL,
+`normalized_reward`) are off by default. Keys the fork's base file carries but nothing in
+the fork reads are accepted and say so.
 """
 
 from dataclasses import dataclass
 from typing import Literal
 
 from ember.config.schema.base import field_, section
-from ember.config.schema.optim import OptimConfig
+
+InjectionMode = Literal["replace", "add", "project"]
+MarkerPosition = Literal["manual", "start", "end"]
+VectorNorm = Literal["unit"]
+NLATrainMode = Literal["actor", "critic"]
+
+DEFAULT_EVAL_TEMPLATE = "Explain the following: <concept>{injection_character}</concept>\n"
+FORK_SFT_DATASET_MODULE = "verl.nla.data.nla_sft_dataset"  # what the fork's SFT files name in data.custom_cls.path
 
 
 @dataclass
-class NLAConfig:
-    """Where activation vectors come from, how they enter the actor, and how the critic scores."""
+class NLAInjectionConfig:
+    """Where and how the activation vector enters the actor."""
 
-    enable: bool = field_(False, "train a natural language autoencoder instead of a plain RL run")
-    train_files: str | list[str] | None = field_(
-        None, "parquet file(s) of activation vectors (one per row under vector_key)")
-    val_files: str | list[str] | None = field_(None, "parquet file(s) of activation vectors for validation; null = none")
-    vector_key: str = field_("activation", "column holding each activation vector (a list of floats)")
-    source_model_path: str | None = field_(
-        None, "model whose activations are explained (the vectors' origin); null = the actor's model")
-    activation_layer: int = field_(-1, "layer of the source model the vectors were read from; negative counts from the last")
-    prompt_template: str = field_(
-        "Explain the concept <concept>:", "actor prompt; injection_token marks where the vector goes")
-    injection_token: str = field_("<concept>", "token of the prompt whose input embedding carries the vector")
-    injection_layer: int = field_(0, "actor layer whose input receives the vector; 0 = the token embeddings")
-    injection_mode: Literal["replace", "add"] = field_(
-        "replace", "replace the token's hidden state with the vector, or add the vector to it")
-    injection_scale: float = field_(1.0, "the injected vector's norm as a multiple of the mean token-embedding norm")
-    normalize_vectors: bool = field_(True, "scale vectors to unit norm before injection and in the reconstruction loss")
-    critic_model_path: str | None = field_(None, "HF model the reconstructing critic starts from; null = the actor's model")
-    critic_readout_layer: int = field_(
-        -1, "critic layer whose last-token hidden state feeds the vector head; negative counts from the last")
-    critic_optim: OptimConfig = section(OptimConfig, "optimizer of the reconstructing critic", lr=1e-5)
-    critic_warmup_steps: int = field_(0, "steps that train only the critic (on explanations of the untrained actor) first")
-    reward_type: Literal["mse", "cosine"] = field_(
-        "mse", "actor reward: negative mean squared error or cosine similarity of the rebuilt vector")
-    reward_scale: float = field_(1.0, "multiplier applied to the reconstruction reward")
+    mode: InjectionMode = field_(
+        "replace", "replace: the vector replaces the marker's input embedding (the fork); add: it is added to it; "
+        "project: a learned linear map of the vector replaces it (the fork computes the map but injects nothing)")
+    layer_indices: list[int] = field_(
+        [0], "where the vector enters: [0] = the output of the input embeddings, the only value the fork and ember support")
+    projection_dim: int | None = field_(
+        None, "output size of the projection of mode project: null or the actor's hidden size")
+    injection_token: str | None = field_(
+        None, "the marker character; null = the first of the rare characters in ember/nla/marker.py that the "
+        "tokenizer keeps as one token and decodes back")
+    position: MarkerPosition = field_(
+        "manual", "manual: every prompt already holds <concept>MARKER</concept>; start / end: ember writes it at the "
+        "start / end of the last user turn of prompts that lack it (the fork inserts the bare token id)")
+
+
+@dataclass
+class NLASection:
+    """What `ember nla train` and `ember nla sft` both read from `nla`."""
+
+    injection: NLAInjectionConfig = section(NLAInjectionConfig, "how the vector enters the actor")
+    activation_vector_key: str = field_("activation_vector", "column holding each row's activation vector")
+    scale: float | None = field_(
+        None, "multiply every vector by this as it is read, after norm (the fork's SFT; ember applies it in RL too); "
+        "null = as stored")
+    norm: VectorNorm | None = field_(
+        None, "unit: divide every vector by its L2 norm as it is read (the fork's SFT; ember applies it in RL too); "
+        "null = as stored")
+
+
+@dataclass
+class NLARLSection(NLASection):
+    """`nla` of `ember nla train`: the shared keys, ember's reward option and the fork's unread keys."""
+
+    normalized_reward: bool = field_(
+        False, "ember's: reward = -MSE / mean(target²) of each sample (scale-free across layers and models) "
+        "instead of the fork's -MSE; GRPO's per-group normalisation follows either way")
+    activation_dim: int | None = field_(None, "the fork's base file; read by nothing (the model's hidden size decides)")
+    injection_position: str = field_("manual", "the fork's base file; read by nothing (nla.injection.position decides)")
+    injection_mode: str = field_("replace", "the fork's base file; read by nothing (nla.injection.mode decides)")
+    injection_layer_indices: list[int] = field_(
+        [0], "the fork's base file; read by nothing (nla.injection.layer_indices decides)")
+
+
+@dataclass
+class NLASFTCriticConfig:
+    """`nla.critic` of an NLA SFT run: the reconstructor trained with `nla.train_mode=critic`."""
+
+    model_path: str | None = field_(None, "HF model the critic starts from; null = model.partial_pretrain")
+    output_layer_index: int | None = field_(
+        None, "hidden_states index the critic predicts the vector from (0 = embeddings, L = output of layer L); "
+        "null or -1 = the last")
+    truncate_layers: int | None = field_(
+        None, "keep only the first this many decoder layers of the critic; null or <= 0 = all")
+    pooling: Literal["last"] = field_("last", "which response token the prediction is read at: last")
+    dropout: float = field_(0.1, "the fork's value-head dropout; ember's critic has no head (no effect)")
+    projection_layers: int | None = field_(None, "the fork's value-head depth; ember's critic has no head (no effect)")
+
+
+@dataclass
+class NLASFTSection(NLASection):
+    """`nla` of `ember nla sft`."""
+
+    train_mode: NLATrainMode = field_(
+        "actor", "actor: cross-entropy on the response with the vector injected; critic: MSE of the vector "
+        "predicted from the response text")
+    critic: NLASFTCriticConfig = section(NLASFTCriticConfig, "the critic of nla.train_mode=critic")
+    critic_lr: float | None = field_(None, "learning rate of critic SFT; null = optim.lr")
+    critic_epochs: int | None = field_(None, "passes over the data in critic SFT; null = trainer.total_epochs")
+
+
+@dataclass
+class NLAEvalConfig:
+    """The fork's string-match evaluation: does the explanation of a known vector name the expected word?"""
+
+    enabled: bool = field_(False, "run the evaluation (at step 1, every freq steps and at the last step of ember nla train)")
+    eval_files: dict[str, str] = field_(
+        {}, "evaluation sets {NAME: parquet path}, each reported as nla_eval/NAME/...; rows hold source_prompt, "
+        "activation_vector, expected_completions, description")
+    eval_file: str | None = field_(None, "one evaluation set (reported as nla_eval/default/...) when eval_files is empty")
+    freq: int = field_(100, "evaluate every this many training steps")
+    max_samples: int | None = field_(None, "evaluate only the first this many rows of each set; null = all")
+    max_new_tokens: int = field_(50, "most tokens generated per explanation")
+    temperature: float = field_(0.7, "sampling temperature of the explanations")
+    do_sample: bool = field_(True, "sample the explanations; false = greedy")
+    num_generations_per_prompt: int = field_(
+        1, "explanations per row; a row scores the fraction of them that name an expected string")
+    template: str = field_(
+        DEFAULT_EVAL_TEMPLATE, "the user turn of every evaluation prompt: {injection_character} is the marker, "
+        "{source_prompt} the row's source_prompt")

@@ -3,11 +3,14 @@
 With no pools given, every role shares all GPUs of the run (colocated: they take turns and
 offload what they do not need). Named pools split the GPUs, e.g. the actor, rollout and
 reference on 4 GPUs per node and the critic on the other 4, running concurrently. Pools
-come in verl's form (`pools` + `mapping`) or the per-role form of NLA run files
-(`actor_rollout: {num_gpus: 4}`); `ember/config/placement.py` reads both.
+come in verl's form (`pools` + `mapping`), the per-role form of the NLA seed documents
+(`resource_pool: {actor_rollout: {num_gpus: 4}}`) or the NLA fork's named form
+(`ray_kwargs.resource_pool: {NAME: {num_gpus: 4}}`); `ember/config/placement.py` reads all three.
 """
 
 from dataclasses import dataclass
+from typing import Any
+
 from ember.config.schema.base import field_
 
 ROLES: tuple[str, ...] = ("actor_rollout", "ref", "critic", "reward_model")
@@ -40,4 +43,14 @@ class RayInitConfig:
     """Arguments of ray.init for multi-GPU runs."""
 
     num_cpus: int | None = field_(None, "CPUs Ray may use; null = all of the machine")
+    num_gpus: int | None = field_(None, "GPUs Ray may use on this machine; null = all of them")
     timeline_json_file: str | None = field_(None, "write a Ray timeline (chrome://tracing) to this file; null = none")
+
+
+@dataclass
+class RayKwargsConfig:
+    """verl's `ray_kwargs` block; `ray_kwargs.ray_init.*` and `ray_kwargs.timeline_json_file` are read as `ray_init.*`."""
+
+    resource_pool: dict[str, Any] = field_(
+        {}, "named pools {NAME: {num_gpus, num_cpus}}, num_gpus per node: a NAME containing actor or rollout is "
+        "the pool of actor, rollout and reference, one containing critic the critic's; pools of 0 GPUs are dropped")

@@ -13,9 +13,8 @@ from ember.config.schema.base import field_, section
 from ember.config.schema.critic import CriticConfig
 from ember.config.schema.data import DataConfig
 from ember.config.schema.model import ModelConfig
-from ember.config.schema.nla import NLAConfig
 from ember.config.schema.ref import RefConfig
-from ember.config.schema.resources import RayInitConfig, ResourcePoolConfig
+from ember.config.schema.resources import RayInitConfig, RayKwargsConfig, ResourcePoolConfig
 from ember.config.schema.reward import CustomRewardFunctionConfig, RewardModelConfig
 from ember.config.schema.rollout import RolloutConfig
 from ember.config.schema.trainer import TrainerConfig
@@ -42,7 +41,10 @@ class EmberConfig:
         "ppo_trainer": {},
         "ppo_megatron_trainer": {"actor_rollout_ref": {"actor": {"strategy": "megatron"}}},
     }
-    key_aliases: ClassVar[dict[str, str]] = {}
+    key_aliases: ClassVar[dict[str, str]] = {
+        "ray_kwargs.ray_init": "ray_init",  # verl's newer spelling, and the NLA fork's
+        "ray_kwargs.timeline_json_file": "ray_init.timeline_json_file",
+    }
 
     data: DataConfig = section(DataConfig, "prompt datasets and batch size")
     actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "the policy: model, actor, reference, rollout")
@@ -52,5 +54,5 @@ class EmberConfig:
     algorithm: AlgorithmConfig = section(AlgorithmConfig, "advantage estimator and KL penalty")
     trainer: TrainerConfig = section(TrainerConfig, "the run: GPUs, logging, checkpoints, validation")
     resource_pool: ResourcePoolConfig = section(ResourcePoolConfig, "which GPUs each role uses")
-    ray_init: RayInitConfig = section(RayInitConfig, "Ray start-up for multi-GPU runs")
-    nla: NLAConfig = section(NLAConfig, "natural language autoencoder training")
+    ray_init: RayInitConfig = section(RayInitConfig, "Ray start-up for multi-GPU runs (also written ray_kwargs.ray_init)")
+    ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "the NLA fork's named resource pools (ray_kwargs.resource_pool)")

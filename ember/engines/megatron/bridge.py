@@ -53,10 +53,11 @@ def fused_norm_name(name: str) -> str:
     return name
 
 
-def load_bridge(model_path: str, dtype: torch.dtype, transformer_overrides: dict):
+def load_bridge(model_path: str, dtype: torch.dtype, transformer_overrides: dict, hf_overrides: dict | None = None):
     """An mbridge bridge for the HF model at `model_path`, set up for the current parallel state.
 
-    `transformer_overrides` are TransformerConfig fields set on top of mbridge's mapping.
+    `transformer_overrides` are TransformerConfig fields set on top of mbridge's mapping;
+    `hf_overrides` are HF config fields set before it (`{model_config: {...}}` or flat).
     """
     import mbridge  # noqa: F401  (registers the model bridges)
     from mbridge.core.bridge import _MODEL_REGISTRY
@@ -65,6 +66,9 @@ def load_bridge(model_path: str, dtype: torch.dtype, transformer_overrides: dict
     from ember.errors import UserError
 
     hf_config = AutoConfig.from_pretrained(model_path)
+    hf_overrides = hf_overrides or {}
+    for key, value in (hf_overrides.get("model_config", hf_overrides) or {}).items():
+        setattr(hf_config, key, value)
     if getattr(hf_config, "rope_theta", None) is None and getattr(hf_config, "rope_parameters", None):
         hf_config.rope_theta = hf_config.rope_parameters["rope_theta"]
     if hf_config.model_type not in _MODEL_REGISTRY:

@@ -68,7 +68,7 @@ class MegatronEngine(TrainEngine):
         overrides = {"sequence_parallel": options.sequence_parallel and options.tensor_model_parallel_size > 1,
                      **({"use_cpu_initialization": True} if device_type() == "cpu" else {}),
                      **overrides}
-        self.bridge = load_bridge(options.model_path, self.dtype, overrides)
+        self.bridge = load_bridge(options.model_path, self.dtype, overrides, options.override_model_config)
         self.config = self.bridge.config
         chunks = build_model_chunks(self.bridge, options.virtual_pipeline_model_parallel_size)
         for chunk in chunks:

@@ -51,6 +51,8 @@ class MegatronOptions:
     """TransformerConfig fields set as given (recompute_method, recompute_granularity, ...)."""
     override_ddp_config: dict[str, Any] = field(default_factory=dict)
     """DistributedDataParallelConfig fields set as given."""
+    override_model_config: dict[str, Any] = field(default_factory=dict)
+    """HF config fields set before conversion (`{model_config: {...}}`, the NLA fork's form, or flat)."""
     optim: OptimOptions = field(default_factory=OptimOptions)
 
     @property
@@ -83,7 +85,9 @@ def megatron_options(model_path: str, role: str, megatron_cfg, optim: OptimOptio
         param_dtype=megatron_cfg.param_dtype, param_offload=megatron_cfg.param_offload,
         grad_offload=megatron_cfg.grad_offload, optimizer_offload=megatron_cfg.optimizer_offload,
         seed=megatron_cfg.seed, override_transformer_config=dict(megatron_cfg.override_transformer_config or {}),
-        override_ddp_config=dict(megatron_cfg.override_ddp_config or {}), optim=optim or OptimOptions())
+        override_ddp_config=dict(megatron_cfg.override_ddp_config or {}),
+        override_model_config=dict(getattr(megatron_cfg, "override_model_config", None) or {}),
+        optim=optim or OptimOptions())
 
 
 def checked_overrides(overrides: dict[str, Any], config_class: type, key: str) -> dict[str, Any]:
