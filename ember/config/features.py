@@ -86,7 +86,10 @@ RL_UNIMPLEMENTED: list[Row] = [
                  "to run on ember's own engine, or use ember or hf"),
     _flag(f"{_A}.rollout.tensor_model_parallel_size",
           "(one generation engine over several GPUs) is not implemented yet; use 1 (each GPU generates its share)"),
-    _flag("trainer.noise_injection.enabled"),
+    (lambda cfg: cfg.trainer.noise_injection.enabled and cfg.actor_rollout_ref.rollout.engine == "hf",
+     lambda cfg: f"trainer.noise_injection with {_A}.rollout.name=hf: the hf rollout generates with the actor's own "
+                 "module, so noise would land on the trained weights; use rollout.name=ember (noise goes to its "
+                 "copy only)"),
     (lambda cfg: isinstance(cfg, NLATrainConfig),
      lambda cfg: "ember nla train: NLA's RL loop (the vector injected in the actor and in ember's engine, the "
                  "reconstructing critic and its reward) is not implemented yet"),

@@ -149,6 +149,8 @@ class RLTrainer:
                               {key: metrics[key] for key in WATCHED_METRICS if key in metrics})
         metrics.update(scored.metrics)
         metrics.update(sampling_metrics)
+        if parts.noise is not None:
+            metrics.update(parts.noise.metrics(self.step))
         metrics.update(balance_metrics)
         metrics["critic/acc/mean"] = scored.accuracies.mean().item()
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, parts.critic is not None))
@@ -177,6 +179,8 @@ class RLTrainer:
                                             cfg.data.max_response_length)
             return experience, scored
 
+        if self.parts.noise is not None:
+            self.parts.rollout.use_noise(self.step)
         experience, scored = one_round(prompts, f"step{self.step}")
         if not cfg.algorithm.filter_groups.enable:
             return experience, scored, {}
@@ -235,6 +239,8 @@ class RLTrainer:
         cfg, parts = self.cfg, self.parts
         sampling = validation_sampling(cfg.actor_rollout_ref.rollout.val_kwargs, cfg.data.max_response_length,
                                        parts.eos_token_ids, seed=cfg.actor_rollout_ref.rollout.seed)
+        if parts.noise is not None:
+            parts.rollout.use_noise(None)  # validation measures the policy itself, not its noised copy
         metrics, scored = validate(parts.rollout, parts.val_dataset, parts.reward_manager, parts.tokenizer,
                                    sampling, parts.eos_token_ids, batch_size=cfg.data.val_batch_size)
         parts.rollout.sleep()

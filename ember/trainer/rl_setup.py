@@ -29,7 +29,7 @@ from ember.engines.base import MicroBatchSpec, TrainEngine
 from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
 from ember.engines.optim import OptimOptions
 from ember.inference.config import EngineConfig
-from ember.models.loading import resolve_dtype
+from ember.models.loading import build_model_on_meta, load_model_config, resolve_dtype
 from ember.rewards import RewardManager, resolve_reward_fn
 from ember.rollout import build_rollout
 from ember.trainer.checkpoint import check_resume_path
@@ -38,6 +38,7 @@ from ember.trainer.role_groups import ActorGroup, CriticGroup, ReferenceGroup, R
 from ember.workers.actor import Actor, ActorOptions
 from ember.workers.critic import Critic, CriticOptions
 from ember.workers.reference import Reference
+from ember.workers.noise_injection import NoiseInjection, build_noise_injection
 from ember.workers.rollout import PolicyRollout
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class RLComponents:
     eos_token_ids: list[int]
     total_steps: int
     timeline_file: str | None = None  # `ray_init.timeline_json_file` of a run on Ray workers
+    noise: NoiseInjection | None = None  # trainer.noise_injection (its metrics; the rollout ranks apply it)
 
     def shutdown(self) -> None:
         """Write the Ray timeline when asked for one, then stop the worker processes of every pool (a
@@ -232,6 +234,15 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions()))
 
 
+def run_noise_injection(cfg: EmberConfig, total_steps: int) -> NoiseInjection | None:
+    """`trainer.noise_injection` resolved against the actor's architecture (an empty HF model of its
+    config, so the weights' names and module types are the ones the weight stream carries)."""
+    if not cfg.trainer.noise_injection.enabled:
+        return None
+    model = build_model_on_meta(load_model_config(cfg.actor_rollout_ref.model.path))
+    return build_noise_injection(cfg.trainer.noise_injection, model, total_steps, cfg.trainer.seed)
+
+
 def prompts_per_round(cfg: EmberConfig) -> int:
     """Prompts the loader hands out per generation round: `data.gen_batch_size` with DAPO's dynamic
     sampling (several rounds may make one step), else `data.train_batch_size`."""
@@ -330,10 +341,11 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
         engine = build_rollout(name, actor_engine.module() if name == "hf" else None, tokenizer.pad_token_id,
                                max_batch_size=rollout_cfg.max_num_seqs, model_path=model_path,
                                engine_config=engine_config(rollout_cfg) if name == "ember" else None)
-        if name == "ember" and actor_engine.syncs_live_parameters:
+        noise = run_noise_injection(cfg, total_steps)
+        if name == "ember" and actor_engine.syncs_live_parameters and noise is None:
             engine.share_training_weights()  # the actor's tensors themselves become the engine's weights
         built["actor"] = actor
-        built["rollout"] = PolicyRollout(engine, actor, free_cache_engine=rollout_cfg.free_cache_engine)
+        built["rollout"] = PolicyRollout(engine, actor, free_cache_engine=rollout_cfg.free_cache_engine, noise=noise)
     if "reference" in roles:
         ref_cfg = arr.ref
         engine = build_engine(model_path, "ref", arr.model, ref_cfg.fsdp_config, None, seed=cfg.trainer.seed,
@@ -420,4 +432,4 @@ def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLCompone
                         critic=CriticGroup(groups["critic"]) if "critic" in groups else None,
                         rollout=RolloutGroup(groups["actor"]), reward_manager=reward_manager,
                         eos_token_ids=stop_token_ids(arr.model.path, tokenizer), total_steps=total_steps,
-                        timeline_file=cfg.ray_init.timeline_json_file)
+                        timeline_file=cfg.ray_init.timeline_json_file, noise=run_noise_injection(cfg, total_steps))

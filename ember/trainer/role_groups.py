@@ -144,3 +144,7 @@ class RolloutGroup(RoleGroup):
 
     def sleep(self) -> None:
         self._run_all("sleep")
+
+    def use_noise(self, step: int | None) -> None:
+        """Noised weights of training step `step` for the next generations, or clean ones (None)."""
+        self._run_all("use_noise", step)

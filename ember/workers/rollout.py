@@ -8,6 +8,9 @@ pool generates at once. An engine that generates with the actor's own module (`h
 ember's engine sharing the actor's tensors at one rank) needs no sync; the `hf` engine holds
 the actor resident while it generates. With `rollout.free_cache_engine` the engine's KV
 cache goes back to training after each generation (`sleep`) and is taken again on the next.
+With noise injection (`noise_injection.py`) the weights are noised on their way to the engine
+for training steps (`use_noise(step)`) and sent clean for validation (`use_noise(None)`): the
+synced state records which, so each switch sends the weights again.
 """
 
 from __future__ import annotations
@@ -16,17 +19,29 @@ import contextlib
 
 from ember.rollout import RolloutEngine, RolloutOutput, SamplingParams
 from ember.workers.actor import Actor
+from ember.workers.noise_injection import NoiseInjection
 
 
 class PolicyRollout:
     """Generation with the actor's current weights; see the module docstring."""
 
-    def __init__(self, rollout: RolloutEngine, actor: Actor, free_cache_engine: bool):
+    def __init__(self, rollout: RolloutEngine, actor: Actor, free_cache_engine: bool,
+                 noise: NoiseInjection | None = None):
+        if noise is not None and rollout.shares_training_weights:
+            raise ValueError("noise injection needs a rollout engine with its own copy of the weights "
+                             "(rollout.name=ember), not one that generates with the actor's module")
         self.rollout = rollout
         self.actor = actor
         self.free_cache_engine = free_cache_engine
+        self.noise = noise
+        self.noise_step: int | None = None  # the training step whose noise to send; None: clean weights
         self.synced_version: int | None = None
+        self.synced_noise_step: int | None = None
         self.asleep = False
+
+    def use_noise(self, step: int | None) -> None:
+        """Generate with the noise of training step `step` from now on, or with clean weights (None)."""
+        self.noise_step = step if self.noise is not None else None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[RolloutOutput]:
         """Responses to `prompts` (this rank's share, possibly none: the weight sync still takes part)."""
@@ -47,11 +62,14 @@ class PolicyRollout:
         if self.asleep:
             self.rollout.wake()
             self.asleep = False
-        if not self.rollout.shares_training_weights and self.synced_version != self.actor.version:
+        stale = self.synced_version != self.actor.version or self.synced_noise_step != self.noise_step
+        if not self.rollout.shares_training_weights and stale:
             with self.actor.engine.resident():
                 for bucket in self.actor.engine.named_parameters_for_sync():
+                    if self.noise_step is not None:
+                        bucket = self.noise.apply(bucket, self.noise_step)
                     self.rollout.update_weights(bucket)
-            self.synced_version = self.actor.version
+            self.synced_version, self.synced_noise_step = self.actor.version, self.noise_step
 
     def _generating(self):
         if self.rollout.shares_training_weights:

@@ -131,3 +131,40 @@ def test_remax_and_validation_wake_the_engine_that_training_put_to_sleep(inputs,
         close(trainer)
     metrics = metrics_by_step(tmp_path / "run")
     assert all_finite(metrics[step]["actor/pg_loss"] for step in (1, 2))
+
+
+def test_noise_injection_noises_the_engines_copy_only_and_validation_is_clean(inputs, tmp_path):
+    trainer = build_trainer(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.rollout.name=ember",
+                                          "trainer.noise_injection.enabled=true", "trainer.noise_injection.num_stages=2",
+                                          "trainer.noise_injection.sigma_start=0.05", "trainer.total_training_steps=2",
+                                          "trainer.val_before_train=True", "trainer.test_freq=2"))
+    try:
+        rollout = trainer.parts.rollout.in_process()
+        actor_before = engine_weights(trainer.parts.actor.in_process().engine)
+        selected = set(rollout.noise.weights)
+        prompts = [trainer.parts.train_loader.dataset[i].prompt_ids for i in range(2)]
+        greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=4, stop_token_ids=tuple(trainer.parts.eos_token_ids))
+
+        def engine_weights_now():
+            return {name: tensor.detach().float().clone() for name, tensor in rollout.rollout.engine.model.named_parameters()}
+
+        trainer.parts.rollout.use_noise(1)  # stage 1 of 2: σ = sigma_start
+        trainer.parts.rollout.generate(prompts, greedy)
+        noisy = engine_weights_now()
+        for name, tensor in actor_before.items():
+            if name in selected:
+                assert (noisy[name] - tensor.float()).std().item() == pytest.approx(0.05, rel=0.5)
+            elif name in noisy:
+                assert torch.equal(noisy[name], tensor.float()), name
+        after = engine_weights(trainer.parts.actor.in_process().engine)
+        assert all(torch.equal(after[name], tensor) for name, tensor in actor_before.items())  # the actor untouched
+
+        trainer.parts.rollout.use_noise(None)
+        trainer.parts.rollout.generate(prompts, greedy)
+        clean = engine_weights_now()
+        assert all(torch.equal(clean[name], tensor.float()) for name, tensor in actor_before.items() if name in clean)
+        trainer.fit()
+    finally:
+        close(trainer)
+    metrics = metrics_by_step(tmp_path / "run")
+    assert metrics[1]["noise/sigma"] == pytest.approx(0.05) and metrics[1]["noise/tensors"] == len(selected)

@@ -46,16 +46,18 @@ class RunConfig:
 
 @dataclass
 class NoiseInjectionConfig:
-    """Gaussian noise added to weights during rollout, annealed over training (exploration)."""
+    """Adaptive noise injection (AQN): Gaussian noise on the rollout's copy of chosen weights, annealed
+    over the run (ember/workers/noise_injection.py); the fork's keys and defaults."""
 
-    enabled: bool = field_(False, "add noise to the rollout weights")
-    sigma_start: float = field_(0.01, "noise standard deviation (relative to each weight's scale) at the first stage")
-    sigma_end: float = field_(0.001, "noise standard deviation at the last stage")
-    num_stages: int = field_(10, "stages over which sigma decays geometrically from sigma_start to sigma_end")
-    target_modules: list[str] | None = field_(None, "names of modules that get noise; null = every module of layer_types")
-    exclude_patterns: list[str] = field_(
-        ["embed", "lm_head", "norm"], "modules whose name contains one of these get no noise")
-    layer_types: list[str] = field_(["Linear"], "module class names that get noise")
+    enabled: bool = field_(False, "add noise to the rollout's weights (never to the actor's)")
+    sigma_start: float = field_(0.01, "noise standard deviation of the first noisy stage")
+    sigma_end: float = field_(0.001, "noise standard deviation of the last stage")
+    num_stages: int = field_(10, "stages of the run: none in the first, then sigma decays geometrically; <= 1 = no noise")
+    target_modules: list[str] | str = field_(
+        ["post_attention_layernorm"], "module-name patterns that get noise (a JSON list in a string is read as a list)")
+    exclude_patterns: list[str] | str = field_(
+        ["input_layernorm"], "module-name patterns that never get noise (checked before target_modules)")
+    layer_types: list[str] | str = field_(["rmsnorm"], "module types that can get noise: rmsnorm, linear")
 
 
 @dataclass
