@@ -14,6 +14,7 @@ rank needs, and trims each micro-batch of the padding columns none of its sample
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ from ember.models.loading import resolve_dtype
 from ember.models.value_model import compute_response_values
 
 ROLES = ("actor", "critic", "ref")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,10 @@ class FSDPEngine(TrainEngine):
             reshard_after_forward=(options.reshard_after_forward and self.dp_size > 1) or options.offload_policy,
             offload_policy=options.offload_policy,
             compile_layers=options.compile_layers and self.device.type != "cpu")
+        experts = getattr(self.model.config, "_experts_implementation", None)
+        if getattr(self.model.config, "num_experts", None) and experts:  # a MoE model: say how its experts run
+            logger.info("%s: MoE experts run as %s%s", options.role, experts,
+                        "" if experts == "grouped_mm" else " (a loop over experts: grouped_mm was not available)")
         self.optimizer = (build_optimizer(self.model.parameters(), options.optim)
                           if options.trains else None)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, options.optim) if options.trains else None
