@@ -1,4 +1,4 @@
-"""Backend-neutral pieces of an engine's step: micro-batches, global counts, joined outputs.
+"""Backend-neutral pieces of an engine: micro-batches, global counts, joined outputs, weight buckets.
 
 Every engine (FSDP2, Megatron) cuts a batch the same way and hands its loss function the
 same `LossContext`; only the collective differs (the data-parallel group of the backend),
@@ -7,7 +7,7 @@ so each function here takes the engine's `all_reduce(tensor, op) -> tensor`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 
 import torch
@@ -75,3 +75,18 @@ def join_outputs(outputs: list[ModelOutput], groups: list[list[int]], response_l
         restored[order.to(stacked.device)] = stacked
         joined[item.name] = restored.to(device)
     return ModelOutput(**joined)
+
+
+def in_buckets(named_tensors: Iterable[tuple[str, Tensor]], bucket_bytes: int) -> Iterator[list[tuple[str, Tensor]]]:
+    """`named_tensors` in lists of about `bucket_bytes` each (a list closes once it reaches the size),
+    as weights stream to a rollout engine."""
+    bucket: list[tuple[str, Tensor]] = []
+    size = 0
+    for name, tensor in named_tensors:
+        bucket.append((name, tensor))
+        size += tensor.numel() * tensor.element_size()
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket

@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 from ember.data.batch import Batch
 from ember.distributed.device import current_device, device_type, init_distributed, world_size
 from ember.engines.base import LossFn, MicroBatchSpec, ModelOutput, TrainEngine
-from ember.engines.batching import join_outputs, loss_context, micro_batches
+from ember.engines.batching import in_buckets, join_outputs, loss_context, micro_batches
 from ember.engines.fsdp.checkpoint import checkpoint_problem, export_hf_model, load_checkpoint, save_checkpoint
 from ember.engines.fsdp.model_init import build_sharded_model
 from ember.engines.fsdp.offload import CPU, HostCopies, move_optimizer_state, move_parameters
@@ -234,17 +234,8 @@ class FSDPEngine(TrainEngine):
         outlive the next update.
         """
         dtype = resolve_dtype(self.options.param_dtype)
-        bucket: list[tuple[str, Tensor]] = []
-        bucket_size = 0
-        for name, parameter in self.model.named_parameters():
-            tensor = self._full_tensor(parameter.detach()).to(dtype)
-            bucket.append((name, tensor))
-            bucket_size += tensor.numel() * tensor.element_size()
-            if bucket_size >= bucket_bytes:
-                yield bucket
-                bucket, bucket_size = [], 0
-        if bucket:
-            yield bucket
+        yield from in_buckets(((name, self._full_tensor(parameter.detach()).to(dtype))
+                               for name, parameter in self.model.named_parameters()), bucket_bytes)
 
     def module(self) -> nn.Module:
         """The FSDP2 module; its parameters are DTensors, and at world size 1 `.to_local()` is the full weight."""
