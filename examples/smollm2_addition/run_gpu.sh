@@ -5,6 +5,8 @@ out=${1:?output folder}; shift
 export EMBER_DATA=/tmp/smollm2_addition
 cat /tmp/SmolLM2-135M-Instruct.Q4_1.gguf.part* > /tmp/SmolLM2-135M-Instruct.Q4_1.gguf
 python3 examples/smollm2_addition/prepare.py /tmp/SmolLM2-135M-Instruct.Q4_1.gguf "$EMBER_DATA"
+# Extra arguments go to `ember train` (e.g. --config-name config_aqn for the AQN variant; the
+# last --config-name given wins).
 python3 -m ember train --config-path examples/smollm2_addition --config-name config \
   trainer.default_local_dir=/tmp/smollm2_run "$@" 2>&1 | grep -v Warning
 cp /tmp/smollm2_run/metrics.jsonl /tmp/smollm2_run/curves.png "$out"/

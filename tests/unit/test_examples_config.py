@@ -15,3 +15,13 @@ def test_the_smollm2_example_loads_and_uses_embers_engine_and_the_speed_switches
     assert arr.rollout.engine == "ember"
     assert arr.model.use_remove_padding and arr.model.use_fused_kernels and arr.actor.use_dynamic_bsz
     assert cfg.data.train_files == f"{tmp_path}/train.parquet"
+
+
+def test_the_aqn_variant_adds_noise_to_the_same_run(monkeypatch, tmp_path):
+    monkeypatch.setenv("EMBER_DATA", str(tmp_path))
+    base = load_config([], config_path=str(EXAMPLE), config_name="config")
+    aqn = load_config([], config_path=str(EXAMPLE), config_name="config_aqn")
+    check_implemented(aqn)
+    assert aqn.trainer.noise_injection.enabled and not base.trainer.noise_injection.enabled
+    assert aqn.actor_rollout_ref.rollout.engine == "ember"
+    assert aqn.data.train_batch_size == base.data.train_batch_size and aqn.trainer.seed == base.trainer.seed
