@@ -73,6 +73,7 @@ def test_grpo_trains_a_tiny_qwen2_moe(tmp_path):
                         "actor_rollout_ref.model.use_remove_padding=true", "actor_rollout_ref.actor.use_dynamic_bsz=true"))
     metrics = metrics_by_step(run_dir)
     assert all(metrics[step]["actor/grad_norm"] > 0 for step in (1, 2))
+    assert all(metrics[step]["actor/moe/max_over_mean_load"] >= 1.0 for step in (1, 2))  # the expert load, per step
 
 
 def test_the_seeds_gsm8k_chat_run_on_a_tiny_qwen2_moe(tmp_path):
@@ -104,3 +105,58 @@ def test_the_seeds_gsm8k_chat_run_on_a_tiny_qwen2_moe(tmp_path):
     for step in (1, 2):  # a random tiny model scores 0 on every answer: the run's plumbing is what is checked
         assert metrics[step]["reward/errors"] == 0 and "actor/kl_loss" in metrics[step]
         assert metrics[step]["actor/entropy"] > 0 and metrics[step]["actor/skipped"] == 0
+
+
+class FixedRouter(torch.nn.Module):
+    """A router that sends token t to experts (t % 3) and 3, as top-2 of 4."""
+
+    top_k, num_experts = 2, 4
+
+    def forward(self, hidden):
+        tokens = hidden.reshape(-1, hidden.shape[-1]).shape[0]
+        first = torch.arange(tokens) % 3
+        indices = torch.stack([first, torch.full_like(first, 3)], dim=-1)
+        return None, None, indices
+
+
+class TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([FixedRouter(), FixedRouter()])
+
+    def forward(self, hidden):
+        for layer in self.layers:
+            layer(hidden)
+
+
+def test_expert_load_counts_real_tokens_by_hand():
+    from ember.engines.expert_load import ExpertLoad, load_metrics
+
+    load = ExpertLoad(TwoLayers())
+    load.reset(torch.device("cpu"))
+    mask = torch.tensor([True, True, True, True, False, False])  # tokens 0..3 real
+    assert len(load.routers) == 2
+    with load.recording(mask):
+        for router in load.routers:
+            router(torch.zeros(6, 8))
+    # real tokens 0,1,2,3 -> first experts 0,1,2,0 and expert 3 for each: [2, 1, 1, 4] per layer
+    assert load.counts.tolist() == [[2.0, 1.0, 1.0, 4.0], [2.0, 1.0, 1.0, 4.0]]
+    metrics = load_metrics(load.counts)
+    assert metrics["moe/tokens_per_expert_mean"] == 2.0 and metrics["moe/tokens_per_expert_max"] == 4.0
+    assert metrics["moe/max_over_mean_load"] == 2.0 and metrics["moe/dropped_tokens"] == 0.0
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_engine_reports_expert_load_of_every_real_token(tmp_path, packed):
+    from ember.models.tiny import tiny_model_config
+
+    model_dir = moe_model_dir(tmp_path, "qwen2_moe")
+    config = tiny_model_config("qwen2_moe", vocab_size=128)
+    batch = make_batch()
+    engine = FSDPEngine(engine_options(model_dir, use_remove_padding=packed))
+    metrics = engine.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
+    real_tokens = int(batch.attention_mask.sum())
+    # each MoE layer routes every real token to top_k experts: mean load = tokens × top_k / experts
+    expected_mean = real_tokens * config.num_experts_per_tok / config.num_experts
+    assert metrics["moe/tokens_per_expert_mean"] == pytest.approx(expected_mean)
+    assert metrics["moe/tokens_per_expert_max"] >= expected_mean and metrics["moe/max_over_mean_load"] >= 1.0

@@ -14,6 +14,7 @@ rank needs, and trims each micro-batch of the padding columns none of its sample
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from ember.data.batch import Batch
 from ember.distributed.device import current_device, device_type, init_distributed, world_size
 from ember.engines.base import LossFn, MicroBatchSpec, ModelOutput, TrainEngine
 from ember.engines.batching import in_buckets, join_outputs, loss_context, micro_batches
+from ember.engines.expert_load import ExpertLoad, load_metrics
 from ember.engines.fsdp.checkpoint import checkpoint_problem, export_hf_model, load_checkpoint, save_checkpoint
 from ember.engines.fsdp.model_init import build_sharded_model
 from ember.engines.fsdp.offload import CPU, HostCopies, move_optimizer_state, move_parameters
@@ -126,6 +128,7 @@ class FSDPEngine(TrainEngine):
         if getattr(self.model.config, "num_experts", None) and experts:  # a MoE model: say how its experts run
             logger.info("%s: MoE experts run as %s%s", options.role, experts,
                         "" if experts == "grouped_mm" else " (a loop over experts: grouped_mm was not available)")
+        self.expert_load = ExpertLoad(self.model)
         self.optimizer = (build_optimizer(self.model.parameters(), options.optim)
                           if options.trains else None)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, options.optim) if options.trains else None
@@ -164,9 +167,12 @@ class FSDPEngine(TrainEngine):
         # the launch queue, and a small model's update is bound by kernel launches.
         loss_share_total = torch.zeros((), device=self.device)
         metric_totals: dict[str, Tensor | float] = {}
+        if self.expert_load.is_moe:
+            self.expert_load.reset(self.device)
         for micro in micros:
             micro = micro.to(self.device)
-            output = self._model_output(micro, compute_entropy, temperature, entropy_grad)
+            with self._recording_expert_load(micro):
+                output = self._model_output(micro, compute_entropy, temperature, entropy_grad)
             loss, metrics = loss_fn(output, micro, context)
             # FSDP averages gradients over ranks; the shares are normalised by global counts.
             (loss * context.dp_size).backward()
@@ -190,7 +196,16 @@ class FSDPEngine(TrainEngine):
         result = {"loss": summed[0]}
         result.update({key: value / self.dp_size for key, value in zip(keys, summed[1:])})
         result.update(grad_norm=grad_norm, lr=lr, skipped=float(skipped))
+        if self.expert_load.is_moe:
+            result.update(load_metrics(self._all_reduce(self.expert_load.counts, dist.ReduceOp.SUM)))
         return result
+
+    def _recording_expert_load(self, micro: Batch):
+        """Expert-load counting of a MoE model's training forward (nothing for a dense one)."""
+        if not self.expert_load.is_moe:
+            return contextlib.nullcontext()
+        packed = self.options.use_remove_padding
+        return self.expert_load.recording(None if packed else micro.attention_mask.reshape(-1).bool())
 
     def _clip_gradients(self) -> float:
         """Global L2 norm of the gradients (over all shards), clipping them to `clip_grad` if finite."""
