@@ -11,8 +11,9 @@ import argparse
 import pyarrow.parquet as pq
 
 from ember.data.preprocess.chat import preprocess_chat
-from ember.data.preprocess.gsm8k import GSM8K_SPLITS, preprocess_gsm8k
-from ember.data.preprocess.math_sets import MATH_SPLITS, preprocess_deepscaler, preprocess_math
+from ember.data.preprocess.gsm8k import preprocess_gsm8k
+from ember.data.preprocess.math_sets import preprocess_deepscaler, preprocess_math
+from ember.data.preprocess.release import SPLITS
 from ember.data.preprocess.synthetic import ARITHMETIC_TASKS, write_synthetic
 
 
@@ -23,13 +24,13 @@ def build_parser(parser: argparse.ArgumentParser) -> None:
     gsm8k = recipes.add_parser("gsm8k", help="GSM8K (official jsonl or HF parquet) to RL parquet files")
     gsm8k.add_argument("--input", required=True, help="a folder with train/test files, or one file (then --split)")
     gsm8k.add_argument("--output-dir", required=True, help="where train.parquet / test.parquet are written")
-    gsm8k.add_argument("--split", choices=GSM8K_SPLITS, help="the split a single input file holds")
+    gsm8k.add_argument("--split", choices=SPLITS, help="the split a single input file holds")
     gsm8k.set_defaults(run_recipe=lambda args: preprocess_gsm8k(args.input, args.output_dir, args.split))
 
     math = recipes.add_parser("math", help="MATH-style problem/solution (\\boxed{} answers) to RL parquet files")
     math.add_argument("--input", required=True, help="a folder with train/test files, or one file (then --split)")
     math.add_argument("--output-dir", required=True, help="where train.parquet / test.parquet are written")
-    math.add_argument("--split", choices=MATH_SPLITS, help="the split a single input file holds")
+    math.add_argument("--split", choices=SPLITS, help="the split a single input file holds")
     math.set_defaults(run_recipe=lambda args: preprocess_math(args.input, args.output_dir, args.split))
 
     deepscaler = recipes.add_parser("deepscaler", help="DeepScaleR problem/answer records to an RL train.parquet")

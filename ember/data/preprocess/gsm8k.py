@@ -12,12 +12,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ember.data.parquet import DatasetError, SourceRow, read_records, write_parquet_files
+from ember.data.parquet import SourceRow
+from ember.data.preprocess.release import convert_release
 
 GSM8K_DATA_SOURCE = "openai/gsm8k"
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
-GSM8K_SPLITS = ("train", "test")
-_INPUT_SUFFIXES = (".jsonl", ".parquet")
 
 
 def extract_final_answer(solution: str) -> str | None:
@@ -46,48 +45,9 @@ def gsm8k_rl_row(row: SourceRow, split: str, index: int) -> dict[str, Any]:
     }
 
 
-def find_split_files(directory: Path, dataset: str = "GSM8K", splits: tuple[str, ...] = GSM8K_SPLITS
-                     ) -> dict[str, list[Path]]:
-    """The files of each split in a release folder: `train.jsonl`, or shards like `train-00000-of-00001.parquet`."""
-    found: dict[str, list[Path]] = {}
-    for split in splits:
-        files = sorted(
-            path
-            for path in directory.iterdir()
-            if path.suffix in _INPUT_SUFFIXES and (path.stem == split or path.stem.startswith(f"{split}-"))
-        )
-        if files:
-            found[split] = files
-    if not found:
-        raise DatasetError(
-            f"{directory} holds no {dataset} split files; expected train.jsonl / test.jsonl "
-            "or train-*.parquet / test-*.parquet (the Hugging Face copy)"
-        )
-    return found
-
-
 def preprocess_gsm8k(
     input_path: str | os.PathLike, output_dir: str | os.PathLike, split: str | None = None
 ) -> dict[str, Path]:
-    """Convert a GSM8K folder (every split in it) or one file (of `split`) to `<split>.parquet` in `output_dir`.
-
-    Every split is converted before any is written, and they are written as a set, so a bad row
-    in one split leaves the files of an earlier run untouched rather than mixing the two."""
-    input_path = Path(input_path)
-    if not input_path.exists():
-        raise DatasetError(f"GSM8K input not found: {input_path}; give --input a folder or a .jsonl/.parquet file")
-    if input_path.is_dir():
-        if split is not None:
-            raise DatasetError(f"--split applies to a single input file, but {input_path} is a folder, converted "
-                               "split by split; leave --split out")
-        split_files = find_split_files(input_path)
-    else:
-        if split not in GSM8K_SPLITS:
-            raise DatasetError(f"give --split train or --split test for the single input file {input_path}")
-        split_files = {split: [input_path]}
-    outputs = {}
-    for split_name, files in split_files.items():
-        records = [row for path in files for row in read_records(path, {"question": None, "answer": None})]
-        outputs[split_name] = [gsm8k_rl_row(row, split_name, index) for index, row in enumerate(records)]
-    paths = write_parquet_files({Path(output_dir) / f"{name}.parquet": rows for name, rows in outputs.items()})
-    return dict(zip(outputs, paths))
+    """Convert a GSM8K folder (every split in it) or one file (of `split`) to `<split>.parquet` in
+    `output_dir` (see `release.convert_release`)."""
+    return convert_release(input_path, output_dir, split, "GSM8K", ("question", "answer"), gsm8k_rl_row)

@@ -18,14 +18,13 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ember.data.parquet import DatasetError, SourceRow, read_records, write_parquet_files
-from ember.data.preprocess.gsm8k import find_split_files
+from ember.data.parquet import SourceRow, read_records, write_parquet_files
+from ember.data.preprocess.release import convert_release
 from ember.rewards.extraction import last_boxed_content
 
 MATH_DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 DEEPSCALER_DATA_SOURCE = "deepscaler"
 BOXED_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
-MATH_SPLITS = ("train", "test")
 
 
 def _text(row: SourceRow, column: str) -> str:
@@ -67,25 +66,9 @@ def deepscaler_rl_row(row: SourceRow, index: int) -> dict[str, Any]:
 
 def preprocess_math(input_path: str | os.PathLike, output_dir: str | os.PathLike,
                     split: str | None = None) -> dict[str, Path]:
-    """A MATH folder (train/test files) or one file of `split` to `<split>.parquet` in `output_dir`,
-    all splits converted before any is written."""
-    input_path = Path(input_path)
-    if not input_path.exists():
-        raise DatasetError(f"MATH input not found: {input_path}; give --input a folder or a .jsonl/.parquet file")
-    if input_path.is_dir():
-        if split is not None:
-            raise DatasetError(f"--split applies to a single input file, but {input_path} is a folder; leave it out")
-        split_files = find_split_files(input_path, "MATH", MATH_SPLITS)
-    else:
-        if split not in MATH_SPLITS:
-            raise DatasetError(f"give --split train or --split test for the single input file {input_path}")
-        split_files = {split: [input_path]}
-    outputs = {}
-    for split_name, files in split_files.items():
-        records = [row for path in files for row in read_records(path, {"problem": None, "solution": None})]
-        outputs[split_name] = [math_rl_row(row, split_name, index) for index, row in enumerate(records)]
-    paths = write_parquet_files({Path(output_dir) / f"{name}.parquet": rows for name, rows in outputs.items()})
-    return dict(zip(outputs, paths))
+    """A MATH folder (train/test files) or one file of `split` to `<split>.parquet` in `output_dir`
+    (see `release.convert_release`)."""
+    return convert_release(input_path, output_dir, split, "MATH", ("problem", "solution"), math_rl_row)
 
 
 def preprocess_deepscaler(input_path: str | os.PathLike, output_dir: str | os.PathLike) -> dict[str, Path]:
