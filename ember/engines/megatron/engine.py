@@ -40,11 +40,13 @@ from ember.engines.batching import in_buckets, join_outputs, loss_context, micro
 from ember.engines.fused_log_probs import fused_log_probs
 from ember.engines.log_probs import replaced_forward
 from ember.engines.megatron.bridge import build_model_chunks, hf_named_weights, load_bridge, unwrapped
+from ember.engines.megatron.checkpoint import checkpoint_problem, export_hf, load_checkpoint, save_checkpoint
 from ember.engines.megatron.log_probs import vocab_parallel_log_probs
 from ember.engines.megatron.options import MegatronOptions, checked_overrides, import_megatron
 from ember.engines.megatron.parallel import initialize_layout
 from ember.engines.megatron.value_head import attach_value_head
 from ember.engines.optim import lr_multiplier
+from ember.errors import UserError
 from ember.models.loading import resolve_dtype
 
 _SCHEDULE_FILE = "lr_schedule.json"
@@ -127,23 +129,21 @@ class MegatronEngine(TrainEngine):
 
     def _forward_backward(self, micros: list[Batch], loss_fn: LossFn | None, context: LossContext | None,
                           compute_entropy: bool, temperature: float, entropy_grad: bool) -> list[dict]:
-        """Runs megatron-core's schedule over `micros`; returns one dict per micro-batch on the
-        last pipeline stage (log-probs/entropy when forward-only, metrics when training)."""
+        """Runs megatron-core's schedule over `micros`; returns one dict per micro-batch, in their order,
+        on the last pipeline stage (the output when forward-only, metrics when training)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         forward_only = loss_fn is None
         count = len(micros)
-        positions = iter(range(count))
 
         def forward_step(data_iterator, model):
             micro = next(data_iterator)
-            index = next(positions)
             head = _output_layer(model)
             fused = head is not None and self.options.tensor_model_parallel_size == 1 and not self.is_critic
             with (_fused_head(head, micro, temperature, compute_entropy, entropy_grad) if fused else nullcontext()):
                 output = model(input_ids=micro.input_ids, position_ids=micro.position_ids,
                                attention_mask=_attention_mask(micro.attention_mask))
-            return output, partial(self._loss, micro, index, loss_fn, context, count, compute_entropy, temperature,
+            return output, partial(self._loss, micro, loss_fn, context, count, compute_entropy, temperature,
                                    entropy_grad, fused)
 
         width = max(len(micro) for micro in micros)
@@ -153,32 +153,32 @@ class MegatronEngine(TrainEngine):
             seq_length=max(micro.input_ids.shape[1] for micro in micros), micro_batch_size=width,
             forward_only=forward_only)
 
-    def _loss(self, micro: Batch, index: int, loss_fn: LossFn | None, context: LossContext | None, count: int,
+    def _loss(self, micro: Batch, loss_fn: LossFn | None, context: LossContext | None, count: int,
               compute_entropy: bool, temperature: float, entropy_grad: bool, fused: bool, model_output: Tensor):
-        """The schedule's loss function for one micro-batch: (loss to backpropagate, reported dict).
-
-        `model_output` is [b, R, 1 or 2] stacked log-prob (and entropy) when the head was fused,
-        else the vocabulary-parallel logits [b, P+R, V/TP]."""
-        from megatron.core import parallel_state as mpu
-
-        if self.is_critic:  # [b, P+R, 1] values; the value before response token i sits at P-1+i
-            values = model_output[:, micro.response_prediction_positions, 0].float() * micro.response_mask
-            output = ModelOutput(values=values)
-        elif fused:
-            log_probs = model_output[..., 0]
-            entropy = model_output[..., 1] if compute_entropy else None
-        else:
-            response_logits = model_output[:, micro.response_prediction_positions] / temperature
-            vocab_start = mpu.get_tensor_model_parallel_rank() * model_output.shape[-1]
-            log_probs, entropy = vocab_parallel_log_probs(response_logits, micro.responses, self.tp_group, vocab_start,
-                                                          compute_entropy=compute_entropy, entropy_grad=entropy_grad)
-        if not self.is_critic:
-            output = ModelOutput(log_probs=log_probs, entropy=entropy)
+        """The schedule's loss function for one micro-batch: (loss to backpropagate, reported dict)."""
+        output = self._outputs(micro, model_output, compute_entropy, temperature, entropy_grad, fused)
         if loss_fn is None:
-            return torch.zeros((), device=model_output.device), {"index": index, "output": output}
+            return torch.zeros((), device=model_output.device), {"output": output}
         loss, metrics = loss_fn(output, micro, context)
         # The schedule divides by the micro-batch count; DDP averages over data-parallel ranks.
         return loss * context.dp_size * count, {"loss_share": loss.detach(), **metrics}
+
+    def _outputs(self, micro: Batch, model_output: Tensor, compute_entropy: bool, temperature: float,
+                 entropy_grad: bool, fused: bool) -> ModelOutput:
+        """The micro-batch's ModelOutput from what the model returned: a critic's [b, P+R, 1] values
+        (the value before response token i sits at P-1+i), the fused head's [b, R, 1 or 2] log-prob
+        (and entropy), or vocabulary-parallel logits [b, P+R, V/TP]."""
+        from megatron.core import parallel_state as mpu
+
+        if self.is_critic:
+            return ModelOutput(values=model_output[:, micro.response_prediction_positions, 0].float() * micro.response_mask)
+        if fused:
+            return ModelOutput(log_probs=model_output[..., 0], entropy=model_output[..., 1] if compute_entropy else None)
+        response_logits = model_output[:, micro.response_prediction_positions] / temperature
+        vocab_start = mpu.get_tensor_model_parallel_rank() * model_output.shape[-1]
+        log_probs, entropy = vocab_parallel_log_probs(response_logits, micro.responses, self.tp_group, vocab_start,
+                                                      compute_entropy=compute_entropy, entropy_grad=entropy_grad)
+        return ModelOutput(log_probs=log_probs, entropy=entropy)
 
     def forward(self, batch: Batch, micro_batch_size: int | MicroBatchSpec, *, compute_entropy: bool = False,
                 temperature: float = 1.0) -> ModelOutput:
@@ -187,8 +187,7 @@ class MegatronEngine(TrainEngine):
             chunk.eval()
         with torch.no_grad():
             results = self._forward_backward(micros, None, None, compute_entropy, temperature, False)
-        outputs = self._from_last_stage([result["output"] for result in sorted(results, key=lambda r: r["index"])],
-                                        len(micros))
+        outputs = self._from_last_stage([result["output"] for result in results])
         return join_outputs(outputs, groups, batch.response_length, batch.input_ids.device)
 
     def train_mini_batch(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int | MicroBatchSpec, *,
@@ -229,12 +228,11 @@ class MegatronEngine(TrainEngine):
             local[0] += float(result["loss_share"])
             for position, key in enumerate(keys, start=1):
                 local[position] += float(result[key]) / count
-        keys_and_values = self._from_last_stage([(keys, local)], 1)[0]
-        keys, local = keys_and_values
-        summed = self._all_reduce(local.to(self.device), dist.ReduceOp.SUM).tolist()
+        keys, local = self._from_last_stage([(keys, local)])[0]
+        summed = self._all_reduce(local, dist.ReduceOp.SUM).tolist()
         return {"loss": summed[0], **{key: value / self.dp_size for key, value in zip(keys, summed[1:])}}
 
-    def _from_last_stage(self, objects: list, count: int) -> list:
+    def _from_last_stage(self, objects: list) -> list:
         """`objects` as the last pipeline stage computed them, on every stage (one rank: as given)."""
         from megatron.core import parallel_state as mpu
 
@@ -257,14 +255,10 @@ class MegatronEngine(TrainEngine):
                               bucket_bytes)
 
     def module(self) -> nn.Module:
-        from ember.errors import UserError
-
         raise UserError("strategy megatron trains a megatron-core model, which transformers' generate cannot run: "
                         "set actor_rollout_ref.rollout.name=ember (its weights are synced from the Megatron shards)")
 
     def save(self, path: str) -> None:
-        from ember.engines.megatron.checkpoint import save_checkpoint
-
         save_checkpoint(path, self.chunks, self.optimizer)
         if dist.get_rank() == 0:
             with open(os.path.join(path, _SCHEDULE_FILE), "w") as handle:
@@ -272,20 +266,14 @@ class MegatronEngine(TrainEngine):
         dist.barrier()
 
     def load(self, path: str) -> None:
-        from ember.engines.megatron.checkpoint import load_checkpoint
-
         load_checkpoint(path, self.chunks, self.optimizer)
         with open(os.path.join(path, _SCHEDULE_FILE)) as handle:
             self.optimizer_steps = json.load(handle)["optimizer_steps"]
 
     def checkpoint_problem(self, path: str) -> str | None:
-        from ember.engines.megatron.checkpoint import checkpoint_problem
-
         return checkpoint_problem(path, [_SCHEDULE_FILE])
 
     def export_hf(self, out_dir: str, tokenizer=None) -> None:
-        from ember.engines.megatron.checkpoint import export_hf
-
         export_hf(out_dir, self.bridge, self.chunks, self.options.model_path, tokenizer, value_head=self.is_critic)
 
     # --- memory between phases ---------------------------------------------------------------
