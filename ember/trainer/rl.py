@@ -167,10 +167,13 @@ class RLTrainer:
         `algorithm.filter_groups` (DAPO's dynamic sampling) groups whose samples all scored alike
         are dropped and more prompts are generated until `data.train_batch_size` groups are kept."""
         cfg = self.cfg
+        generated = [0]  # prompts this step has generated so far: a later round's samples draw after them
 
         def one_round(round_prompts, uid_prefix: str) -> tuple[Experience, Scores]:
+            sampling = replace(self.sampling(), first_prompt_index=generated[0])
+            generated[0] += len(round_prompts)
             with timed(timings, "gen"):
-                experience = generate_experience(self.parts.rollout, round_prompts, self.sampling(),
+                experience = generate_experience(self.parts.rollout, round_prompts, sampling,
                                                  self.parts.tokenizer, self.parts.eos_token_ids, uid_prefix=uid_prefix)
             with timed(timings, "reward"):
                 scored = score_experience(self.parts.reward_manager, experience)
