@@ -72,16 +72,9 @@ def _select_groups(experience: Experience, scored: Scores, groups: list[str]) ->
 
 
 def _first_groups(uids: list[str], count: int) -> list[int]:
-    """Indices of the samples of the first `count` groups (groups are contiguous)."""
-    seen: list[str] = []
-    indices = []
-    for index, uid in enumerate(uids):
-        if uid not in seen:
-            if len(seen) == count:
-                break
-            seen.append(uid)
-        indices.append(index)
-    return indices
+    """Indices of the samples of the first `count` groups, in order."""
+    wanted = set(list(dict.fromkeys(uids))[:count])
+    return [index for index, uid in enumerate(uids) if uid in wanted]
 
 
 def _take(experience: Experience, scored: Scores, indices: list[int]) -> tuple[Experience, Scores]:

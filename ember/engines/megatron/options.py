@@ -86,7 +86,7 @@ def megatron_options(model_path: str, role: str, megatron_cfg, optim: OptimOptio
         grad_offload=megatron_cfg.grad_offload, optimizer_offload=megatron_cfg.optimizer_offload,
         seed=megatron_cfg.seed, override_transformer_config=dict(megatron_cfg.override_transformer_config or {}),
         override_ddp_config=dict(megatron_cfg.override_ddp_config or {}),
-        override_model_config=dict(getattr(megatron_cfg, "override_model_config", None) or {}),
+        override_model_config=dict(megatron_cfg.override_model_config or {}),
         optim=optim or OptimOptions())
 
 
