@@ -93,6 +93,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-ember", action="store_true", help="do not run ember")
     parser.add_argument("--ray", action="store_true",
                         help="also run ember with its roles in one Ray worker (the multi-GPU path), to time Ray's cost")
+    parser.add_argument("--ray-first", action="store_true",
+                        help="with --ray, run the Ray worker before the in-process run (to tell Ray's cost from an order effect)")
     parser.add_argument("--skip-trl", action="store_true", help="do not run TRL (and do not import it)")
     parser.add_argument("--commit", default=None, help="commit to report; default: `git rev-parse --short HEAD`")
     parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
@@ -317,9 +319,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_ember:
             run_dir = os.path.join(work_dir, "ember-run")
             overrides = ember_overrides(workload, model_dir, data_file, reward_file, run_dir, args.ember_max_num_seqs)
+            ray_overrides = overrides + args.ember_override + [f"trainer.default_local_dir={run_dir}-ray"]
+            if args.ray and args.ray_first:
+                summaries.append(run_ember(workload, ray_overrides, use_ray=True).summary())
             summaries.append(run_ember(workload, overrides + args.ember_override, args.profile).summary())
-            if args.ray:
-                ray_overrides = overrides + args.ember_override + [f"trainer.default_local_dir={run_dir}-ray"]
+            if args.ray and not args.ray_first:
                 summaries.append(run_ember(workload, ray_overrides, use_ray=True).summary())
         if not args.skip_trl:
             summaries.append(run_trl(workload, model_dir, prompts, reward_file, os.path.join(work_dir, "trl-run"),
