@@ -90,9 +90,16 @@ RL_UNIMPLEMENTED: list[Row] = [
      lambda cfg: f"trainer.noise_injection with {_A}.rollout.name=hf: the hf rollout generates with the actor's own "
                  "module, so noise would land on the trained weights; use rollout.name=ember (noise goes to its "
                  "copy only)"),
-    (lambda cfg: isinstance(cfg, NLATrainConfig),
-     lambda cfg: "ember nla train: NLA's RL loop (the vector injected in the actor and in ember's engine, the "
-                 "reconstructing critic and its reward) is not implemented yet"),
+    (lambda cfg: isinstance(cfg, NLATrainConfig) and "megatron" in (cfg.actor_rollout_ref.actor.strategy,
+                                                                      cfg.critic.strategy),
+     lambda cfg: "ember nla train with strategy megatron (the vector injected in Megatron's embedding, the "
+                 "reconstructor on megatron-core) is not implemented yet; use strategy fsdp2 for the actor and the "
+                 "critic (fsdp_config: {} in place of null)"),
+    (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.nla.injection.mode == "project",
+     lambda cfg: "nla.injection.mode=project (a learned map of the vector) is not implemented yet; use replace or add"),
+    (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.actor_rollout_ref.rollout.engine == "hf",
+     lambda cfg: f"ember nla train with {_A}.rollout.name=hf: the hf rollout cannot inject the vector; use "
+                 "nla_sglang or ember (ember's engine injects it in prefill)"),
     _flag("reward_model.enable"),
     _flag(f"{_A}.model.enable_activation_offload"),
     _flag("critic.model.enable_activation_offload"),
@@ -125,8 +132,8 @@ SFT_UNIMPLEMENTED: list[Row] = [
 ]
 
 NLA_EVAL_UNIMPLEMENTED: list[Row] = [
-    (lambda cfg: True, lambda cfg: "ember nla eval: generating with the vector injected at the marker (ember's engine) "
-                                   "is not implemented yet"),
+    (lambda cfg: cfg.nla.injection.mode == "project",
+     lambda cfg: "nla.injection.mode=project (a learned map of the vector) is not implemented yet; use replace or add"),
 ]
 
 NLA_EXTRACT_UNIMPLEMENTED: list[Row] = [

@@ -66,6 +66,13 @@ class Batch:
     returns: Tensor | None = _tensor(RESPONSE)
     """[B, R] value targets for the critic."""
 
+    activation_vectors: Tensor | None = _tensor(SAMPLE)
+    """[B, H] float32 NLA: each sample's activation vector (the actor's injected input; the
+    reconstructor's target)."""
+    injection_positions: Tensor | None = _tensor(SAMPLE)
+    """[B] int64 NLA: the position id (counted over real tokens, as `position_ids`) of the token
+    whose input embedding the vector replaces; -1 = none. Set only on the actor's batches."""
+
     uids: list[str] = _per_sample_list()
     """Prompt-group id: the samples of one prompt share it (GRPO groups by it)."""
     data_sources: list[str] = _per_sample_list()

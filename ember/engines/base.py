@@ -19,7 +19,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from torch import Tensor, nn
 
@@ -28,7 +28,8 @@ from ember.data.batch import Batch
 
 @dataclass
 class ModelOutput:
-    """Per-response-token outputs of a forward pass, each [b, R] float32 (None when not computed)."""
+    """Per-response-token outputs of a forward pass, each [b, R] float32 (None when not computed);
+    `predictions` is per sample."""
 
     log_probs: Tensor | None = None
     """log π(token | prefix) of each response token, at the given temperature (actor, reference)."""
@@ -36,6 +37,8 @@ class ModelOutput:
     """Entropy of the next-token distribution at each response position (when asked for)."""
     values: Tensor | None = None
     """Critic's value before each response token, zero outside `response_mask` (critic)."""
+    predictions: Tensor | None = field(default=None, metadata={"per_sample": True})
+    """[b, H] float32: NLA's reconstructor's vector for each sample (one row per sample, not per token)."""
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,8 @@ def loss_context(batch: Batch, dp_size: int, all_reduce: AllReduce) -> LossConte
 
 def join_outputs(outputs: list[ModelOutput], groups: list[list[int]], response_length: int,
                  device: torch.device) -> ModelOutput:
-    """One ModelOutput for the whole batch on `device`: each computed field zero-padded back to
-    `response_length` columns and its rows put back in sample order (micro-batch i holds the
+    """One ModelOutput for the whole batch on `device`: each computed per-token field zero-padded back
+    to `response_length` columns, and every field's rows put back in sample order (micro-batch i holds the
     samples `groups[i]`)."""
     order = torch.tensor([index for group in groups for index in group], dtype=torch.long)
     joined = {}
@@ -70,7 +70,9 @@ def join_outputs(outputs: list[ModelOutput], groups: list[list[int]], response_l
         if parts[0] is None:
             joined[item.name] = None
             continue
-        stacked = torch.cat([torch.nn.functional.pad(part, (0, response_length - part.shape[1])) for part in parts])
+        per_sample = item.metadata.get("per_sample", False)
+        stacked = torch.cat(parts if per_sample else
+                            [torch.nn.functional.pad(part, (0, response_length - part.shape[1])) for part in parts])
         restored = torch.empty_like(stacked)
         restored[order.to(stacked.device)] = stacked
         joined[item.name] = restored.to(device)

@@ -15,6 +15,7 @@ its storage (the training engine's live weights at one rank).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from collections.abc import Sequence as Seq
 from pathlib import Path
 
 import torch
@@ -32,7 +33,7 @@ from ember.inference.models import build_model, load_hf_config, load_weights, re
 from ember.inference.sampling import sample_next_tokens, sequence_seed
 from ember.inference.scheduler import ScheduledStep, Scheduler
 from ember.inference.sequence import Sequence
-from ember.rollout.base import SamplingParams
+from ember.rollout.base import Injection, SamplingParams
 
 
 class LLMEngine:
@@ -124,11 +125,15 @@ class LLMEngine:
         """Prompt tokens the model has run over in prefill steps since the engine was built."""
         return self.runner.prefill_tokens_computed
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Sequence]:
-        """Generate `sampling.n` samples per prompt; finished sequences, sample i of prompt p at p * n + i."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                 injections: Seq[Injection | None] | None = None) -> list[Sequence]:
+        """Generate `sampling.n` samples per prompt; finished sequences, sample i of prompt p at p * n + i.
+
+        `injections` (NLA): per prompt, a vector written over one prompt token's input embedding
+        whenever that prompt is prefilled (the n samples share the prefill and the vector)."""
         if not self.kv_cache.is_allocated:
             raise RuntimeError("LLMEngine.generate called after free_kv_cache: call allocate_kv_cache first")
-        sequences = self._admit(prompts, sampling)
+        sequences = self._admit(prompts, sampling, self._checked_injections(prompts, injections))
         stop_token_ids = set() if sampling.ignore_eos else set(sampling.stop_token_ids)
         while not self.scheduler.is_finished():
             step = self.scheduler.schedule(lookahead=self.config.decode_window)
@@ -166,7 +171,29 @@ class LLMEngine:
             if reason == "stop" or kept == budget:
                 self.scheduler.finish(sequence, reason)
 
-    def _admit(self, prompts: list[list[int]], sampling: SamplingParams) -> list[Sequence]:
+    def _checked_injections(self, prompts: list[list[int]],
+                            injections: Seq[Injection | None] | None) -> list[Injection | None]:
+        """One injection (or None) per prompt, each checked against its prompt and the model's hidden size."""
+        if injections is None:
+            return [None] * len(prompts)
+        if len(injections) != len(prompts):
+            raise ValueError(f"{len(injections)} injections for {len(prompts)} prompts: give one (or None) per prompt")
+        hidden = self.model.config.hidden_size
+        for index, (prompt, injection) in enumerate(zip(prompts, injections)):
+            if injection is None:
+                continue
+            if not 0 <= injection.position < len(prompt):
+                raise ValueError(f"prompt {index}: injection position {injection.position} is outside its "
+                                 f"{len(prompt)} tokens")
+            if tuple(injection.vector.shape) != (hidden,):
+                raise ValueError(f"prompt {index}: an injected vector of shape {tuple(injection.vector.shape)}; the "
+                                 f"model's hidden size is {hidden}")
+            if injection.mode not in ("replace", "add"):
+                raise ValueError(f"prompt {index}: injection mode {injection.mode!r}: use replace or add")
+        return list(injections)
+
+    def _admit(self, prompts: list[list[int]], sampling: SamplingParams,
+               injections: list[Injection | None]) -> list[Sequence]:
         """Check the prompts fit, make their sequences and queue them, one group per prompt."""
         sequences = []
         for prompt_index, prompt in enumerate(prompts):
@@ -188,6 +215,7 @@ class LLMEngine:
                         seed=sequence_seed(sampling.seed,
                                            (sampling.first_prompt_index + prompt_index) * sampling.n + sample),
                         max_new_tokens=sampling.max_new_tokens,
+                        injection=injections[prompt_index],
                     )
                 )
             sequences += group

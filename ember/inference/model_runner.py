@@ -17,7 +17,7 @@ from torch import Tensor
 from ember.inference.attention import AttentionInputs
 from ember.inference.block_manager import BlockManager
 from ember.inference.kv_cache import KVCache
-from ember.inference.models.decoder import DecoderForCausalLM
+from ember.inference.models.decoder import DecoderForCausalLM, EmbeddingEdits
 from ember.inference.scheduler import ScheduledStep
 
 
@@ -55,13 +55,30 @@ class ModelRunner:
             is_decode=False,
         )
         self.prefill_tokens_computed += len(token_ids)
-        hidden = self.model(self._tensor(token_ids), self._tensor(positions), self.kv_cache.layers, inputs)
+        hidden = self.model(self._tensor(token_ids), self._tensor(positions), self.kv_cache.layers, inputs,
+                            injected=self._injected(chunks))
         self.kv_cache.copy_blocks(step.block_copies)
         chunk_ends = itertools.accumulate(chunk.length for chunk in chunks)
         last_rows = [end - 1 for chunk, end in zip(chunks, chunk_ends) if chunk.completes]
         logits = self.model.logits(hidden[self._tensor(last_rows)])
         group_sizes = self._tensor([len(chunk.group) for chunk in chunks if chunk.completes])
         return logits.repeat_interleave(group_sizes, dim=0)
+
+    def _injected(self, chunks) -> EmbeddingEdits | None:
+        """The step's NLA injections: the flat token row of each group's injected prompt token in this step."""
+        rows, injections, offset = [], [], 0
+        for chunk in chunks:
+            injection = chunk.group[0].injection
+            if injection is not None and chunk.start <= injection.position < chunk.start + chunk.length:
+                rows.append(offset + injection.position - chunk.start)
+                injections.append(injection)
+            offset += chunk.length
+        if not rows:
+            return None
+        return EmbeddingEdits(rows=self._tensor(rows),
+                              vectors=torch.stack([injection.vector for injection in injections]).to(self.device),
+                              additive=torch.tensor([injection.mode == "add" for injection in injections],
+                                                    device=self.device))
 
     def _tensor(self, values: list) -> Tensor:
         return torch.tensor(values, dtype=torch.long, device=self.device)

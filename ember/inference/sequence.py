@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from ember.rollout.base import Injection
+
 
 class SequenceStatus(Enum):
     """Where a sequence is: queued for prefill, holding a slot, or done."""
@@ -36,6 +38,9 @@ class Sequence:
     """Log-prob of each generated token under the rollout policy."""
     block_table: list[int] = field(default_factory=list)
     """KV-cache block ids holding this sequence's tokens, in order."""
+    injection: Injection | None = None
+    """NLA: the vector written over one prompt token's embedding whenever the prompt is prefilled
+    (again after a preemption); the n samples of a prompt carry the same one."""
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     """"stop" or "length" once finished."""

@@ -19,6 +19,7 @@ from transformers import (
     PreTrainedModel,
 )
 
+from ember.models.reconstructor import truncated_config
 from ember.models.value_model import value_model_config
 
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
@@ -36,16 +37,18 @@ def _auto_class(value_head: bool):
     return AutoModelForTokenClassification if value_head else AutoModelForCausalLM
 
 
-def load_model_config(path: str, *, value_head: bool = False) -> PretrainedConfig:
-    """The model's config; for a value model, turned into a one-label token classifier's."""
-    config = AutoConfig.from_pretrained(path)
+def load_model_config(path: str, *, value_head: bool = False, keep_layers: int | None = None) -> PretrainedConfig:
+    """The model's config; for a value model, turned into a one-label token classifier's; with
+    `keep_layers`, cut after that many decoder layers (NLA's reconstructor, `models/reconstructor.py`)."""
+    config = truncated_config(AutoConfig.from_pretrained(path), keep_layers)
     return value_model_config(config) if value_head else config
 
 
 def load_model(path: str, *, value_head: bool = False, dtype: str = "float32",
-               attn_implementation: str = "sdpa") -> PreTrainedModel:
-    """Read the checkpoint at `path` onto the CPU, its parameters in `dtype`."""
-    config = load_model_config(path, value_head=value_head)
+               attn_implementation: str = "sdpa", keep_layers: int | None = None) -> PreTrainedModel:
+    """Read the checkpoint at `path` onto the CPU, its parameters in `dtype` (only the first `keep_layers`
+    decoder layers when given)."""
+    config = load_model_config(path, value_head=value_head, keep_layers=keep_layers)
     return _auto_class(value_head).from_pretrained(path, config=config, dtype=resolve_dtype(dtype),
                                                    attn_implementation=attn_implementation)
 

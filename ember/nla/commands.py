@@ -109,7 +109,7 @@ def run_nla_eval(cfg: NLATrainConfig) -> int:
     config = dataclasses.replace(config, max_model_len=max(config.max_model_len, longest + evaluation.max_new_tokens))
     rollout = EmberRollout.from_pretrained(model.path, config)
     sampling = eval_sampling(evaluation, stop_token_ids(model.path, tokenizer), seed=cfg.trainer.seed)
-    metrics, explanations = evaluate(rollout, sets, sampling, tokenizer)
+    metrics, explanations = evaluate(rollout, sets, sampling, tokenizer, mode=cfg.nla.injection.mode)
     for name, records in sets.items():
         write_explanations(Path(cfg.trainer.default_local_dir) / "nla_eval", name, 0, records, explanations[name],
                            sampling.n)

@@ -29,7 +29,7 @@ from ember.data.chat import encode_texts, render_chat
 from ember.data.parquet import DatasetError, SourceRow, read_parquet_rows
 from ember.nla.data import VectorOptions, find_marker, read_vector
 from ember.nla.marker import Marker, check_recorded_marker
-from ember.rollout.base import RolloutEngine, SamplingParams
+from ember.rollout.base import Injection, RolloutEngine, SamplingParams
 
 # The fork samples evaluation explanations with these, whatever the training rollout uses.
 EVAL_TOP_K = 50
@@ -132,23 +132,21 @@ def eval_sampling(evaluation: NLAEvalConfig, stop_token_ids: Sequence[int], seed
 
 
 def generate_explanations(rollout: RolloutEngine, records: Sequence[EvalRecord], sampling: SamplingParams,
-                          tokenizer: PreTrainedTokenizerBase) -> list[str]:
+                          tokenizer: PreTrainedTokenizerBase, mode: str = "replace") -> list[str]:
     """`sampling.n` explanations per record, grouped by record, each written with the record's vector at its marker."""
-    from ember.rollout.base import Injection  # lands with the actor's injection (the rollout side of NLA)
-
     outputs = rollout.generate([record.prompt_ids for record in records], sampling,
-                               injections=[Injection(position=record.marker_position, vector=record.vector)
+                               injections=[Injection(position=record.marker_position, vector=record.vector, mode=mode)
                                            for record in records])
     return [tokenizer.decode(output.token_ids, skip_special_tokens=True) for output in outputs]
 
 
 def evaluate(rollout: RolloutEngine, sets: dict[str, list[EvalRecord]], sampling: SamplingParams,
-             tokenizer: PreTrainedTokenizerBase) -> tuple[dict[str, float], dict[str, list[str]]]:
-    """Every set's metrics (`eval_metrics`) and its explanations, by set name."""
+             tokenizer: PreTrainedTokenizerBase, mode: str = "replace") -> tuple[dict[str, float], dict[str, list[str]]]:
+    """Every set's metrics (`eval_metrics`) and its explanations, by set name (`mode`: nla.injection.mode)."""
     start = time.perf_counter()
     per_set, explanations = {}, {}
     for name, records in sets.items():
-        explanations[name] = generate_explanations(rollout, records, sampling, tokenizer)
+        explanations[name] = generate_explanations(rollout, records, sampling, tokenizer, mode)
         per_set[name] = score_string_match(explanations[name], [record.expected for record in records],
                                            [record.description for record in records], sampling.n)
     return eval_metrics(per_set, time.perf_counter() - start), explanations

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ember.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from ember.rollout.base import Injection, RolloutEngine, RolloutOutput, SamplingParams
 from ember.rollout.hf import HFRollout
 
 __all__ = ["HFRollout", "RolloutEngine", "RolloutOutput", "SamplingParams", "build_rollout"]

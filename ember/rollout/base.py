@@ -13,7 +13,7 @@ memory to training between generations and take it back).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -72,6 +72,18 @@ class SamplingParams:
         return self.top_k > 0
 
 
+@dataclass(frozen=True)
+class Injection:
+    """NLA: a vector written over one prompt token's input embedding during prefill."""
+
+    position: int
+    """Index of the token in the prompt's token ids (its position id)."""
+    vector: Tensor
+    """[H] the vector (hidden size of the model), cast to the engine's dtype."""
+    mode: str = "replace"
+    """replace: the vector is the embedding output; add: it is added to it."""
+
+
 @dataclass
 class RolloutOutput:
     """One generated sample. Samples of prompt i sit at indices i*n .. i*n+n-1 of the output list."""
@@ -94,8 +106,12 @@ class RolloutEngine(ABC):
     world size 1): the trainer then never sends it weights."""
 
     @abstractmethod
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[RolloutOutput]:
-        """Sample `sampling.n` responses per prompt; returns len(prompts) * n outputs, grouped by prompt."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                 injections: Sequence[Injection | None] | None = None) -> list[RolloutOutput]:
+        """Sample `sampling.n` responses per prompt; returns len(prompts) * n outputs, grouped by prompt.
+
+        `injections` (NLA): one per prompt (or None), the vector its prompt's token gets in prefill;
+        engines that cannot inject refuse a call that has any."""
 
     @abstractmethod
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:

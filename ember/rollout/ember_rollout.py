@@ -9,14 +9,14 @@ stay where they are.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from torch import Tensor
 
 from ember.inference.config import EngineConfig
 from ember.inference.engine import LLMEngine
-from ember.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from ember.rollout.base import Injection, RolloutEngine, RolloutOutput, SamplingParams
 
 
 class EmberRollout(RolloutEngine):
@@ -32,8 +32,10 @@ class EmberRollout(RolloutEngine):
         """A rollout engine for the HF model directory `path`."""
         return cls(LLMEngine.from_pretrained(path, config))
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[RolloutOutput]:
-        """`sampling.n` samples per prompt, grouped by prompt, each with its tokens' rollout log-probs."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                 injections: Sequence[Injection | None] | None = None) -> list[RolloutOutput]:
+        """`sampling.n` samples per prompt, grouped by prompt, each with its tokens' rollout log-probs
+        (NLA: `injections`, one per prompt, written over a prompt token's embedding in prefill)."""
         if self._asleep:
             raise RuntimeError("EmberRollout.generate called while asleep: call wake() first")
         return [
@@ -43,7 +45,7 @@ class EmberRollout(RolloutEngine):
                 log_probs=sequence.log_probs,
                 finish_reason=sequence.finish_reason,
             )
-            for sequence in self.engine.generate(prompts, sampling)
+            for sequence in self.engine.generate(prompts, sampling, injections)
         ]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:

@@ -90,12 +90,16 @@ class HFRollout(RolloutEngine):
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
         return cls(model, pad_token_id, max_batch_size=max_batch_size, owns_model=True)
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[RolloutOutput]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                 injections=None) -> list[RolloutOutput]:
         """Sample `sampling.n` responses per prompt, grouped by prompt, with rollout log-probs.
 
         The same seed gives the same samples for the same prompts and max_batch_size (rows
         are drawn chunk by chunk). A seeded call leaves the global RNG state as it found it.
+        NLA injections are refused: generating with them is ember's engine's (rollout.name=ember).
         """
+        if injections is not None and any(injection is not None for injection in injections):
+            raise ValueError("the hf rollout cannot inject NLA vectors; use rollout.name=ember (or nla_sglang)")
         if self._asleep:
             raise RuntimeError("HFRollout.generate called while asleep: call wake() first")
         for index, prompt in enumerate(prompts):

@@ -49,6 +49,9 @@ WATCHED_METRICS = ("actor/loss", "actor/grad_norm", "critic/loss", "critic/grad_
 class RLTrainer:
     """Drives the components of one RL run; see the module docstring for the step."""
 
+    critic_gives_values = True
+    """Whether the critic is a value model (PPO's); NLA's trainer has a critic that scores instead."""
+
     def __init__(self, cfg: EmberConfig, parts: RLComponents):
         self.cfg = cfg
         self.parts = parts
@@ -128,7 +131,7 @@ class RLTrainer:
             if parts.reference is not None:
                 with timed(timings, "ref"):
                     batch.ref_log_probs = parts.reference.compute_log_probs(batch)
-            if parts.critic is not None:
+            if parts.critic is not None and self.critic_gives_values:
                 with timed(timings, "values"):
                     batch.values = parts.critic.compute_values(batch)
             with timed(timings, "adv"):
@@ -138,7 +141,7 @@ class RLTrainer:
             critic_update = None
             if parts.critic is not None:  # started first: a critic in its own pool updates beside the actor
                 with timed(timings, "update_critic"):
-                    critic_update = parts.critic.start_update(batch, self.step)
+                    critic_update = self.start_critic_update(batch)
             if self.step > cfg.trainer.critic_warmup:
                 with timed(timings, "update_actor"):
                     metrics.update(parts.actor.update(batch, self.step))
@@ -153,10 +156,15 @@ class RLTrainer:
             metrics.update(parts.noise.metrics(self.step))
         metrics.update(balance_metrics)
         metrics["critic/acc/mean"] = scored.accuracies.mean().item()
-        metrics.update(compute_data_metrics(batch, cfg.data.max_response_length, parts.critic is not None))
+        metrics.update(compute_data_metrics(batch, cfg.data.max_response_length,
+                                            parts.critic is not None and self.critic_gives_values))
         metrics.update(compute_timing_metrics(timings, batch))
         metrics["training/epoch"] = float(parts.train_loader.epoch)
         return metrics
+
+    def start_critic_update(self, batch):
+        """The critic's update on this step's batch, started (a pending call)."""
+        return self.parts.critic.start_update(batch, self.step)
 
     def next_prompts(self) -> list:
         """The loader's next batch of prompts (the next epoch's first after the last of one)."""

@@ -18,6 +18,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 from ember.algorithms import ClipConfig
 from ember.config import ConfigError
 from ember.config.schema import EmberConfig
+from ember.config.schema.rollout import STAND_IN_NAMES
 from ember.data.prompt_loader import PromptLoader
 from ember.data.rl_dataset import RLDataset
 from ember.config.parallel import world_size as world_size_of
@@ -55,7 +56,7 @@ class RLComponents:
     reference: ReferenceGroup | None
     critic: CriticGroup | None
     rollout: RolloutGroup
-    reward_manager: RewardManager
+    reward_manager: RewardManager | None  # None: the run scores otherwise (NLA's reconstructor)
     eos_token_ids: list[int]
     total_steps: int
     timeline_file: str | None = None  # `ray_init.timeline_json_file` of a run on Ray workers
@@ -208,13 +209,16 @@ def optim_options(optim, grad_clip: float, total_rl_steps: int, updates_per_step
 
 def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: OptimOptions | None, seed: int, *,
                  use_remove_padding: bool = False, use_fused_kernels: bool = False,
-                 compile_layers: bool = False, megatron=None) -> TrainEngine:
+                 compile_layers: bool = False, megatron=None, **nla) -> TrainEngine:
     """The engine for `role`: Megatron when the role's `megatron` section is given (its strategy
     is megatron), else FSDP2. The speed switches come from wherever the caller's config keeps
     them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT; compiling
     from `actor.use_torch_compile`); the Megatron engine computes on padded batches and takes
-    none of them."""
+    none of them. `nla`: the FSDP engine's NLA options (injection_mode; output_layer_index and
+    truncate_at_layer of a reconstructor)."""
     if megatron is not None:
+        if nla or role == "reconstructor":
+            raise ValueError("NLA on strategy megatron is not implemented yet; use strategy fsdp2")
         from ember.engines.megatron.engine import MegatronEngine
         from ember.engines.megatron.options import megatron_options
 
@@ -231,7 +235,7 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         use_remove_padding=use_remove_padding, use_fused_kernels=use_fused_kernels,
         reshard_after_forward=fsdp_config.reshard_after_forward, param_offload=fsdp_config.param_offload,
         optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy,
-        compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions()))
+        compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions(), **nla))
 
 
 def run_noise_injection(cfg: EmberConfig, total_steps: int) -> NoiseInjection | None:
@@ -313,6 +317,9 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
     batch_samples = cfg.data.train_batch_size * n
     speed_switches = dict(use_remove_padding=arr.model.use_remove_padding,
                           use_fused_kernels=arr.model.use_fused_kernels, compile_layers=arr.actor.use_torch_compile)
+    nla = getattr(cfg, "nla", None)  # an NLA run (`ember nla train`): vectors injected in the actor's forwards
+    if nla is not None:
+        speed_switches["injection_mode"] = nla.injection.mode
     built: dict[str, object] = {}
     if "actor" in roles:
         actor_cfg, rollout_cfg = arr.actor, arr.rollout
@@ -336,7 +343,7 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
             temperature=rollout_cfg.temperature, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
         tokenizer = load_tokenizer(cfg)
         name = rollout_cfg.engine
-        if name != rollout_cfg.name:
+        if rollout_cfg.name in STAND_IN_NAMES:  # (NLA's nla_sglang says so in its own note)
             logger.warning(stand_in_note(rollout_cfg))
         engine = build_rollout(name, actor_engine.module() if name == "hf" else None, tokenizer.pad_token_id,
                                max_batch_size=rollout_cfg.max_num_seqs, model_path=model_path,
@@ -353,7 +360,11 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
         built["reference"] = Reference(engine, micro_batch_spec(
             ref_cfg.log_prob_use_dynamic_bsz, ref_cfg.log_prob_max_token_len_per_gpu,
             ref_cfg.log_prob_micro_batch_size_per_gpu, batch_samples), temperature=arr.rollout.temperature)
-    if "critic" in roles:
+    if "critic" in roles and nla is not None:
+        from ember.trainer.nla_setup import build_reconstructor
+
+        built["critic"] = build_reconstructor(cfg, total_steps)
+    elif "critic" in roles:
         critic_cfg = cfg.critic
         critic_updates = optimizer_steps_per_rl_step(cfg, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size)
         critic_engine = build_engine(critic_cfg.model.path, "critic", critic_cfg.model, critic_cfg.model.fsdp_config,

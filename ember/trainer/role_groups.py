@@ -19,7 +19,7 @@ import torch
 
 from ember.data.batch import Batch
 from ember.distributed.worker_group import LocalWorkerGroup, Pending
-from ember.rollout import RolloutOutput, SamplingParams
+from ember.rollout import Injection, RolloutOutput, SamplingParams
 
 
 class RoleGroup:
@@ -124,16 +124,32 @@ class CriticGroup(TrainedRoleGroup):
         return torch.cat(self._start_split("compute_values", batch).wait())
 
 
+class ReconstructorGroup(TrainedRoleGroup):
+    """NLA's critic: predicts the vectors from the explanations (`workers/reconstructor.py`)."""
+
+    def __init__(self, group):
+        super().__init__(group, "critic")
+
+    def predict(self, batch: Batch) -> torch.Tensor:
+        return torch.cat(self._start_split("predict", batch).wait())
+
+    def export_hf(self, out_dir: str, tokenizer=None) -> None:
+        self._run_all("export_hf", out_dir, tokenizer)
+
+
 class RolloutGroup(RoleGroup):
     """Generation on every rank of the actor's pool, each with its share of the prompts."""
 
     def __init__(self, group):
         super().__init__(group, "rollout")
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[RolloutOutput]:
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                 injections: list[Injection | None] | None = None) -> list[RolloutOutput]:
+        """Samples grouped by prompt; NLA's `injections` (one per prompt) travel with each rank's prompts."""
         bounds = [len(prompts) * rank // self.dp_size for rank in range(self.dp_size + 1)]
         per_rank = [((self.role, "generate", prompts[bounds[rank]:bounds[rank + 1]],
-                      replace(sampling, first_prompt_index=sampling.first_prompt_index + bounds[rank])), {})
+                      replace(sampling, first_prompt_index=sampling.first_prompt_index + bounds[rank]),
+                      None if injections is None else injections[bounds[rank]:bounds[rank + 1]]), {})
                     for rank in range(self.dp_size)]
         outputs = []
         for rank, rank_outputs in enumerate(self.group.run_each("call", per_rank)):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
-from ember.rollout import RolloutEngine, RolloutOutput, SamplingParams
+from ember.rollout import Injection, RolloutEngine, RolloutOutput, SamplingParams
 from ember.workers.actor import Actor
 from ember.workers.noise_injection import NoiseInjection
 
@@ -43,13 +43,15 @@ class PolicyRollout:
         """Generate with the noise of training step `step` from now on, or with clean weights (None)."""
         self.noise_step = step if self.noise is not None else None
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingParams) -> list[RolloutOutput]:
-        """Responses to `prompts` (this rank's share, possibly none: the weight sync still takes part)."""
+    def generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                 injections: list[Injection | None] | None = None) -> list[RolloutOutput]:
+        """Responses to `prompts` (this rank's share, possibly none: the weight sync still takes part);
+        NLA's `injections`, one per prompt, go to the engine with them."""
         self.prepare()
         if not prompts:
             return []
         with self._generating():
-            return self.rollout.generate(prompts, sampling)
+            return self.rollout.generate(prompts, sampling, injections)
 
     def sleep(self) -> None:
         """With rollout.free_cache_engine, hand the KV cache back for training until the next `generate`."""

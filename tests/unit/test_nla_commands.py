@@ -73,10 +73,11 @@ def test_user_errors_exit_2_with_the_message(capsys):
     assert "unknown key nla.injection.modes" in capsys.readouterr().err
 
 
-def test_train_checks_everything_then_stops_at_the_nla_row(tmp_path, model_dir, capsys, caplog):
+def test_train_on_megatron_checks_everything_then_stops_at_its_row(tmp_path, model_dir, capsys, caplog):
     with caplog.at_level(logging.WARNING):
-        assert nla("train", "--config-name", "runs/qwen_7b/rl_grpo", *tiny_run(tmp_path, model_dir)) == 2
-    assert "error: ember nla train: NLA's RL loop" in capsys.readouterr().err
+        assert nla("train", "--config-name", "runs/qwen_7b/rl_grpo_megatron", *tiny_run(tmp_path, model_dir),
+                   "trainer.n_gpus_per_node=8") == 2
+    assert "error: ember nla train with strategy megatron" in capsys.readouterr().err
     assert "rollout.name=nla_sglang: ember generates with its own engine" in caplog.text
 
 
@@ -122,9 +123,9 @@ def test_eval_checks_its_files_then_stops_at_its_row(tmp_path, model_dir, capsys
     eval_set = write_parquet([{"source_prompt": "x", "activation_vector": [0.1] * 64, "expected_completions": ["y"]}],
                              tmp_path / "eval.parquet")
     assert nla("eval", "--config-name", "runs/qwen_7b/rl_grpo_megatron", *run, "trainer.n_gpus_per_node=8",
-               "~nla_eval.eval_files", f"nla_eval.eval_file={eval_set}") == 2
+               "~nla_eval.eval_files", f"nla_eval.eval_file={eval_set}", "nla.injection.mode=project") == 2
     err = capsys.readouterr().err
-    assert "ember nla eval: generating with the vector injected" in err and "megatron" not in err
+    assert "nla.injection.mode=project" in err and "megatron" not in err
 
 
 def test_notes_on_keys_that_mean_something_else_in_ember():

@@ -45,6 +45,11 @@ class NLARolloutConfig(RolloutConfig):
     name: Literal["ember", "hf", "vllm", "sglang", "nla_sglang"] = field_(
         "ember", "generation engine; nla_sglang (the fork's SGLang fed input embeddings) means ember's own engine "
         "with the vector injected at the marker")
+    @property
+    def engine(self) -> str:
+        """nla_sglang runs on ember's own engine (the vector injected in its prefill)."""
+        return "ember" if self.name == NLA_ROLLOUT_NAME else super().engine
+
     disable_radix_cache: bool = field_(
         False, "SGLang's cross-request prefix cache; ember's engine shares a prompt's prefill only among its own "
         "rollout.n samples, which carry the same vector (no effect)")

@@ -3,7 +3,10 @@
 Every rank holds 1/N of the parameters, gradients and optimizer state (FSDP2 over a 1-D
 mesh of all ranks, which is also the data-parallel group). A process without torchrun
 variables is a one-rank world and runs the very same code. Roles: "actor" (log-probs,
-trains), "critic" (values from a scalar head, trains), "ref" (log-probs only).
+trains), "critic" (values from a scalar head, trains), "ref" (log-probs only), "reconstructor"
+(NLA's critic: a hidden state read at each sample's last token, trains). A batch that carries
+NLA activation vectors and injection positions has them injected in the actor's and the
+reference's forwards (`engines/injection.py`).
 
 Every rank must make the same calls with batches split into the same number of
 micro-batches, because each forward and backward gathers and reduces shards collectively.
@@ -34,13 +37,15 @@ from ember.engines.expert_load import ExpertLoad, load_metrics
 from ember.engines.fsdp.checkpoint import checkpoint_problem, export_hf_model, load_checkpoint, save_checkpoint
 from ember.engines.fsdp.model_init import build_sharded_model
 from ember.engines.fsdp.offload import CPU, HostCopies, move_optimizer_state, move_parameters
+from ember.engines.injection import injecting
 from ember.engines.log_probs import compute_response_log_probs
 from ember.engines.optim import OptimOptions, build_lr_scheduler, build_optimizer
 from ember.engines.varlen_attention import packed_attention_implementation
 from ember.models.loading import resolve_dtype
+from ember.models.reconstructor import compute_reconstruction
 from ember.models.value_model import compute_response_values
 
-ROLES = ("actor", "critic", "ref")
+ROLES = ("actor", "critic", "ref", "reconstructor")
 logger = logging.getLogger(__name__)
 
 
@@ -51,7 +56,8 @@ class EngineOptions:
     model_path: str
     """Hugging Face checkpoint directory (or hub id) to start from; a causal LM, or a value model for a critic."""
     role: str = "actor"
-    """"actor" and "critic" train; "ref" only computes log-probs (no optimizer)."""
+    """"actor" and "critic" train; "ref" only computes log-probs (no optimizer); "reconstructor" is
+    NLA's critic: the model's hidden state at one layer, at each sample's last token."""
     model_dtype: str = "float32"
     """dtype the sharded parameters are stored and updated in (the master weights)."""
     param_dtype: str = "bfloat16"
@@ -79,6 +85,12 @@ class EngineOptions:
     compile_layers: bool = False
     """torch.compile each decoder layer's forward (`parallelize.compile_decoder_layers`) on an accelerator;
     ignored on CPU (compiling there costs more than it saves)."""
+    injection_mode: str = "replace"
+    """NLA: how a batch's activation vectors enter the actor's input embeddings (`engines/injection.py`)."""
+    output_layer_index: int | None = None
+    """NLA reconstructor: the `hidden_states` index it predicts from (None or -1: the last)."""
+    truncate_at_layer: int | None = None
+    """NLA reconstructor: keep only the first this many decoder layers (None: all)."""
     seed: int = 42
     """Seed for anything initialised rather than loaded (a critic's value head)."""
     optim: OptimOptions = field(default_factory=OptimOptions)
@@ -87,7 +99,7 @@ class EngineOptions:
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"engine role {self.role!r}: choose one of {ROLES}")
-        if self.use_fused_kernels and self.role == "critic":
+        if self.use_fused_kernels and self.role in ("critic", "reconstructor"):
             raise ValueError("use_fused_kernels computes log-probs from the LM head, which a critic has not; "
                              "set it for the actor and reference only")
         for name in ("model_dtype", "param_dtype", "reduce_dtype"):
@@ -123,7 +135,8 @@ class FSDPEngine(TrainEngine):
             # the offload policy: there the gathered layers are the only copies on the device.
             reshard_after_forward=(options.reshard_after_forward and self.dp_size > 1) or options.offload_policy,
             offload_policy=options.offload_policy,
-            compile_layers=options.compile_layers and self.device.type != "cpu")
+            compile_layers=options.compile_layers and self.device.type != "cpu",
+            keep_layers=options.truncate_at_layer if options.role == "reconstructor" else None)
         experts = getattr(self.model.config, "_experts_implementation", None)
         if getattr(self.model.config, "num_experts", None) and experts:  # a MoE model: say how its experts run
             logger.info("%s: MoE experts run as %s%s", options.role, experts,
@@ -141,9 +154,13 @@ class FSDPEngine(TrainEngine):
         packed = self.options.use_remove_padding
         if self.options.role == "critic":
             return ModelOutput(values=compute_response_values(self.model, batch, packed=packed))
-        log_probs, entropy = compute_response_log_probs(self.model, batch, temperature=temperature,
-                                                        compute_entropy=compute_entropy, entropy_grad=entropy_grad,
-                                                        packed=packed, fused=self.options.use_fused_kernels)
+        if self.options.role == "reconstructor":
+            return ModelOutput(predictions=compute_reconstruction(self.model, batch, self.options.output_layer_index,
+                                                                  packed=packed))
+        with injecting(self.model, batch, packed=packed, mode=self.options.injection_mode):
+            log_probs, entropy = compute_response_log_probs(self.model, batch, temperature=temperature,
+                                                            compute_entropy=compute_entropy, entropy_grad=entropy_grad,
+                                                            packed=packed, fused=self.options.use_fused_kernels)
         return ModelOutput(log_probs=log_probs, entropy=entropy)
 
     def forward(self, batch: Batch, micro_batch_size: int | MicroBatchSpec, *, compute_entropy: bool = False,

@@ -27,14 +27,16 @@ from ember.models.loading import build_model_on_meta, load_model, load_model_con
 def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device, *, value_head: bool,
                         model_dtype: str, param_dtype: str, reduce_dtype: str, attn_implementation: str,
                         gradient_checkpointing: bool, reshard_after_forward: bool,
-                        offload_policy: bool = False, compile_layers: bool = False) -> PreTrainedModel:
+                        offload_policy: bool = False, compile_layers: bool = False,
+                        keep_layers: int | None = None) -> PreTrainedModel:
     """The checkpoint at `model_path` as an FSDP2 module whose shards live on `device` (in pinned
-    CPU memory with `offload_policy`; buffers such as RoPE tables stay on `device`)."""
-    config = load_model_config(model_path, value_head=value_head)
+    CPU memory with `offload_policy`; buffers such as RoPE tables stay on `device`); with
+    `keep_layers`, only its first decoder layers."""
+    config = load_model_config(model_path, value_head=value_head, keep_layers=keep_layers)
     pretrained = None
     if rank() == 0:
         pretrained = load_model(model_path, value_head=value_head, dtype=model_dtype,
-                                attn_implementation=attn_implementation)
+                                attn_implementation=attn_implementation, keep_layers=keep_layers)
     model = build_model_on_meta(config, value_head=value_head, dtype=model_dtype,
                                 attn_implementation=attn_implementation)
     parallelize_model(model, mesh, gradient_checkpointing=gradient_checkpointing,

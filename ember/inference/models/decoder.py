@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PretrainedConfig
@@ -173,6 +174,22 @@ class DecoderBody(nn.Module):
         self.rotary = rotary
 
 
+@dataclass(frozen=True)
+class EmbeddingEdits:
+    """NLA's injected vectors for one forward: rows of the flat token list whose embedding output is
+    replaced by (or, where `additive`, added to) the vector of the same index."""
+
+    rows: Tensor  # [k] long
+    vectors: Tensor  # [k, hidden]
+    additive: Tensor  # [k] bool
+
+    def apply(self, states: Tensor) -> Tensor:
+        vectors = self.vectors.to(states.dtype)
+        current = states[self.rows]
+        states[self.rows] = torch.where(self.additive[:, None], current + vectors, vectors)
+        return states
+
+
 class DecoderForCausalLM(nn.Module):
     """A decoder-only LM (dense or MoE): flat token ids and positions in, hidden states out; `logits` for chosen rows."""
 
@@ -209,10 +226,14 @@ class DecoderForCausalLM(nn.Module):
         return head_dim_of(self.config)
 
     def forward(
-        self, token_ids: Tensor, positions: Tensor, kv_cache: list[tuple[Tensor, Tensor]], inputs: AttentionInputs
+        self, token_ids: Tensor, positions: Tensor, kv_cache: list[tuple[Tensor, Tensor]], inputs: AttentionInputs,
+        injected: EmbeddingEdits | None = None,
     ) -> Tensor:
-        """Final hidden states (tokens, hidden) of the step's flat tokens; writes their keys and values to the cache."""
+        """Final hidden states (tokens, hidden) of the step's flat tokens; writes their keys and values to the cache.
+        `injected` rewrites some tokens' embedding outputs first (NLA, prefill only)."""
         states, residual = self.model.embed_tokens(token_ids), None
+        if injected is not None:
+            states = injected.apply(states)
         for layer, layer_cache in zip(self.model.layers, kv_cache, strict=True):
             states, residual = layer(states, residual, positions, layer_cache, inputs)
         return self.model.norm.add_and_norm(states, residual)[0]

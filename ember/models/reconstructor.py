@@ -1,0 +1,98 @@
+"""NLA's reconstructor (the critic): the vector predicted from the explanation's text.
+
+The prediction is `hidden_states[L]` in transformers' indexing at the last real token of each
+sequence: L = 0 is the input embeddings' output, 0 < L < layers the output of decoder layer L
+before any final norm, and L = layers (or -1 / None) the model's final output, after its final
+norm. It is read by a forward hook on that module, so the same code serves the padded and the
+packed layouts and a model cut after layer N (`truncate_at_layer`): the layers above N, whose
+outputs nothing reads, are not built at all. A cut model keeps the full model's layer count in
+its config (`FULL_LAYERS_KEY`), so index N still means decoder layer N's own output after the
+cut is exported and loaded again.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import Tensor, nn
+from transformers import PretrainedConfig
+
+from ember.data.batch import Batch
+from ember.data.packing import pack_batch
+
+FULL_LAYERS_KEY = "nla_full_num_hidden_layers"
+"""Config attribute of a cut reconstructor: the decoder layers of the model it was cut from."""
+
+
+def full_layer_count(config: PretrainedConfig) -> int:
+    """Decoder layers of the uncut model (the config's own count for a model never cut)."""
+    return getattr(config, FULL_LAYERS_KEY, None) or config.num_hidden_layers
+
+
+def truncated_config(config: PretrainedConfig, keep_layers: int | None) -> PretrainedConfig:
+    """A copy of `config` with only the first `keep_layers` decoder layers (None, or at least the model's
+    count: unchanged), remembering the full count."""
+    if keep_layers is None or keep_layers >= config.num_hidden_layers:
+        return config
+    if keep_layers < 1:
+        raise ValueError(f"truncate_at_layer={keep_layers}: keep at least one decoder layer")
+    config = copy.deepcopy(config)
+    setattr(config, FULL_LAYERS_KEY, full_layer_count(config))
+    config.num_hidden_layers = keep_layers
+    if isinstance(getattr(config, "layer_types", None), list):  # one entry per layer (attention kinds)
+        config.layer_types = config.layer_types[:keep_layers]
+    return config
+
+
+def prediction_module(model: nn.Module, layer_index: int | None) -> nn.Module:
+    """The module whose output is `hidden_states[layer_index]` (see the module docstring)."""
+    body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    full = full_layer_count(model.config)
+    index = full if layer_index is None or layer_index == -1 else layer_index
+    if not 0 <= index <= full:
+        raise ValueError(f"output_layer_index={layer_index}: the model has {full} decoder layers, so use 0..{full} "
+                         "or -1 (the last)")
+    if index == 0:
+        return model.get_input_embeddings()
+    layers = body.layers
+    if index == full and len(layers) == full:
+        return body.norm
+    if index > len(layers):
+        raise ValueError(f"output_layer_index={index} reads decoder layer {index}, but this model keeps only its "
+                         f"first {len(layers)} layers (truncate_at_layer); use an index of at most {len(layers)}")
+    return layers[index - 1]
+
+
+def last_token_rows(batch: Batch, packed: bool) -> Tensor:
+    """Index of each sample's last real token: in the flattened [b * T] padded layout, or the packed row."""
+    mask = batch.attention_mask.bool()
+    if packed:
+        return mask.sum(dim=1).cumsum(dim=0) - 1
+    width = mask.shape[1]
+    last = width - 1 - mask.flip(dims=[1]).int().argmax(dim=1)
+    return torch.arange(len(batch), device=mask.device) * width + last
+
+
+def compute_reconstruction(model: nn.Module, batch: Batch, layer_index: int | None, *,
+                           packed: bool = False) -> Tensor:
+    """[b, H] float32: `hidden_states[layer_index]` at each sample's last real token."""
+    captured: list[Tensor] = []
+
+    def keep(module: nn.Module, args, output) -> None:
+        captured.append(output[0] if isinstance(output, tuple) else output)
+
+    handle = prediction_module(model, layer_index).register_forward_hook(keep)
+    try:
+        if packed:
+            packing = pack_batch(batch)
+            model(input_ids=packing.input_ids, attention_mask=None, position_ids=packing.position_ids,
+                  use_cache=False, logits_to_keep=1, **packing.attention_kwargs())
+        else:
+            model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                  use_cache=False, logits_to_keep=1)
+    finally:
+        handle.remove()
+    hidden = captured[-1]
+    rows = last_token_rows(batch, packed).to(hidden.device)
+    return hidden.reshape(-1, hidden.shape[-1])[rows].float()

@@ -1,0 +1,89 @@
+"""`ember nla train` and `ember nla eval` end to end on a tiny model (CPU): the fork's run file, NLA GRPO steps
+with every metric, checkpoints of both roles, the exported reconstructor, the evaluation, the control tag."""
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+from fixtures import make_nla_model_dir, nla_rl_row
+from transformers import AutoModelForCausalLM
+
+from ember.cli import main
+from ember.data.parquet import write_parquet
+
+RUNS = str(Path(__file__).resolve().parents[1] / "nla_configs")
+FORK_METRICS = ["critic/critic_loss", "critic/pred_activation_mean", "critic/pred_activation_std",
+                "critic/pred_activation_avg_norm", "critic/target_activation_mean", "critic/target_activation_std",
+                "critic/target_activation_avg_norm", "critic/mse_with_zero_pred", "critic/mse_with_mean_pred_over_batch",
+                "critic/normalized_mse", "critic/normalized_mse_by_zero", "critic/normalized_mse_by_mean_pred_over_batch",
+                "critic/lr", "critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "actor/entropy",
+                "actor/pg_loss", "critic/fve", "nla/injections", "critic/loss"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return make_nla_model_dir(tmp_path_factory.mktemp("nla-rl"))
+
+
+def rows(count=8, seed=0):
+    rng = random.Random(seed)
+    return [nla_rl_row([rng.gauss(0, 1) for _ in range(64)], sample_uuid=f"u{i}") for i in range(count)]
+
+
+def run_overrides(tmp_path, model_dir, train, steps=2):
+    return [f"actor_rollout_ref.model.path={model_dir}", f"critic.model.path={model_dir}", "critic.output_layer_index=1",
+            f"data.train_files=[{train}]", "data.val_files=null", "trainer.n_gpus_per_node=1", "trainer.logger=[console]",
+            f"trainer.rollout_data_dir={tmp_path}/dumps", "nla_eval.enabled=false",
+            f"trainer.default_local_dir={tmp_path}/run", "data.train_batch_size=4",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=16", "actor_rollout_ref.rollout.n=4",
+            f"trainer.total_training_steps={steps}", "data.max_response_length=8", "data.max_prompt_length=64",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4",
+            "critic.optim.lr=1e-3", "critic.critic_prompt='Summary:'", "trainer.save_freq=1"]
+
+
+def nla(command, config, *overrides):
+    return main(["nla", command, "--config-path", RUNS, "--config-name", config, *overrides])
+
+
+def metric_lines(run_dir):
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_nla_grpo_runs_the_forks_file_and_logs_every_metric(tmp_path, model_dir):
+    train = write_parquet(rows(), tmp_path / "rl_train_layer1.parquet")
+    assert nla("train", "runs/qwen_7b/rl_grpo", *run_overrides(tmp_path, model_dir, train)) == 0
+    lines = metric_lines(tmp_path / "run")
+    assert [line["step"] for line in lines] == [1, 2]
+    for key in FORK_METRICS:
+        assert all(key in line for line in lines), key
+    assert lines[0]["nla/injections"] == 16 and lines[0]["nla/random_control"] == 0
+    assert lines[0]["critic/score/mean"] == pytest.approx(-lines[0]["critic/critic_loss"], rel=1e-5)
+    for role in ("actor", "critic"):
+        assert (tmp_path / "run" / "global_step_2" / role).is_dir()
+    critic = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "critic_hf_model")
+    initial = AutoModelForCausalLM.from_pretrained(model_dir)
+    moved = [(a - b).abs().max() for a, b in zip(critic.parameters(), initial.parameters())]
+    assert max(moved) > 0  # the reconstructor trained (lr 1e-3)
+    dumped = [json.loads(line) for line in (tmp_path / "dumps" / "1.jsonl").read_text().splitlines()]
+    assert len(dumped) == 16 and {"score", "advantage", "sample_uuid"} <= set(dumped[0])
+
+
+def test_a_random_control_file_is_tagged(tmp_path, model_dir):
+    train = write_parquet(rows(), tmp_path / "rl_train_layer1_random.parquet")
+    assert nla("train", "runs/qwen_7b/rl_grpo", *run_overrides(tmp_path, model_dir, train, steps=1)) == 0
+    assert metric_lines(tmp_path / "run")[0]["nla/random_control"] == 1
+
+
+def test_nla_eval_scores_and_writes_explanations(tmp_path, model_dir, capsys):
+    train = write_parquet(rows(), tmp_path / "rl_train_layer1.parquet")
+    eval_set = write_parquet([{"source_prompt": "the cat", "activation_vector": [0.1] * 64,
+                               "expected_completions": ["cat"], "description": "animals_1"}] * 2,
+                             tmp_path / "eval.parquet")
+    assert nla("eval", "runs/qwen_7b/rl_grpo", *run_overrides(tmp_path, model_dir, train), "~nla_eval.eval_files",
+               f"nla_eval.eval_file={eval_set}", "nla_eval.max_new_tokens=6",
+               "nla_eval.num_generations_per_prompt=2") == 0
+    out = capsys.readouterr().out
+    assert "nla_eval/default/accuracy:" in out and "nla_eval/default/accuracy_animals:" in out
+    written = (tmp_path / "run" / "nla_eval" / "default" / "0.jsonl").read_text().splitlines()
+    assert len(written) == 4
