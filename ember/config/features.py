@@ -127,8 +127,11 @@ SFT_UNIMPLEMENTED: list[Row] = [
     (lambda cfg: cfg.data.custom_cls.path is not None
      and not (isinstance(cfg, NLASFTConfig) and cfg.data.custom_cls.path == FORK_SFT_DATASET_MODULE),
      lambda cfg: f"data.custom_cls.path={cfg.data.custom_cls.path} is not implemented yet"),
-    (lambda cfg: isinstance(cfg, NLASFTConfig),
-     lambda cfg: f"ember nla sft: NLA SFT (nla.train_mode={cfg.nla.train_mode}) is not implemented yet"),
+    (lambda cfg: isinstance(cfg, NLASFTConfig) and (cfg.model.strategy == "megatron" or (
+        cfg.model.strategy is None and cfg.model.megatron is not None)),
+     lambda cfg: "ember nla sft with model.strategy=megatron is not implemented yet; use fsdp2"),
+    (lambda cfg: isinstance(cfg, NLASFTConfig) and cfg.nla.injection.mode == "project",
+     lambda cfg: "nla.injection.mode=project (a learned map of the vector) is not implemented yet; use replace or add"),
 ]
 
 NLA_EVAL_UNIMPLEMENTED: list[Row] = [

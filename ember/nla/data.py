@@ -25,7 +25,6 @@ from ember.config.schema.nla import NLASection
 from ember.data.chat import Messages, check_messages, encode_texts, render_chat
 from ember.data.parquet import DatasetError, SourceRow, as_file_list, read_parquet_rows, read_parquet_schema
 from ember.data.rl_dataset import truncate_tokens
-from ember.data.sft_dataset import SFTExample, collate_sft
 from ember.nla.marker import Marker, check_recorded_marker
 
 # Columns the extraction writes about where a vector came from; kept with each record, never required.
@@ -228,22 +227,6 @@ def _user_turn(row: SourceRow, column: str) -> str:
         if message["role"] == "user":
             return message["content"].strip()
     raise row.error(column, "no user message, so the marker has no turn to sit in")
-
-
-def collate_injections(records: Sequence[NLAPromptRecord | NLASFTExample]) -> tuple[torch.Tensor, torch.Tensor]:
-    """`activation_vectors` [B, H] float32 and `injection_positions` [B] int64 of a batch of records."""
-    vectors = torch.stack([record.vector for record in records])
-    positions = torch.tensor([record.marker_position for record in records], dtype=torch.long)
-    return vectors, positions
-
-
-def collate_nla_sft(examples: Sequence[NLASFTExample], pad_id: int) -> dict[str, torch.Tensor]:
-    """`collate_sft`'s tensors (loss on the response) plus `activation_vectors` and `injection_positions`."""
-    batch = collate_sft([SFTExample(example.prompt_ids + example.response_ids,
-                                    [0] * len(example.prompt_ids) + [1] * len(example.response_ids))
-                         for example in examples], pad_id)
-    batch["activation_vectors"], batch["injection_positions"] = collate_injections(examples)
-    return batch
 
 
 def activation_layers(files: str | os.PathLike | Iterable[str | os.PathLike]) -> set[int]:

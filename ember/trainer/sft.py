@@ -61,16 +61,14 @@ class SFTTrainer:
         self.cfg = cfg
         self.run_dir = cfg.trainer.default_local_dir
         self.tokenizer = load_tokenizer(cfg)
-        self.train_loader = PromptLoader(build_dataset(cfg.data.train_files, self.tokenizer, cfg),
+        self.train_loader = PromptLoader(self.build_dataset(cfg.data.train_files),
                                          cfg.data.train_batch_size, shuffle=True, seed=cfg.trainer.seed)
-        self.val_dataset = build_dataset(cfg.data.val_files, self.tokenizer, cfg) if cfg.data.val_files else None
-        self.total_steps = cfg.trainer.total_training_steps or len(self.train_loader) * cfg.trainer.total_epochs
+        self.val_dataset = self.build_dataset(cfg.data.val_files) if cfg.data.val_files else None
+        self.total_steps = cfg.trainer.total_training_steps or len(self.train_loader) * self.total_epochs
         note = sft_accumulation_note(cfg)
         if note:
             logger.warning(note)
-        self.engine = build_engine(cfg.model.partial_pretrain, "actor", cfg.model, cfg.model.fsdp_config,
-                                   sft_optim_options(cfg.optim, self.total_steps), seed=cfg.trainer.seed,
-                                   use_remove_padding=cfg.use_remove_padding, megatron=megatron_section(cfg.model))
+        self.engine = self.build_engine()
         self.rank = rank()
         # Batches split over data-parallel ranks: all ranks with FSDP2; the ranks of one tensor/pipeline
         # group share a share with Megatron.
@@ -80,6 +78,37 @@ class SFTTrainer:
         self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, self.total_steps, enabled=self.rank == 0,
                                    tracked_run=TrackedRun.of(cfg))
         self.guard = BadStepGuard(cfg.trainer.max_loss_or_grad_norm)
+
+    # --- what a variant (NLA's SFT) builds otherwise ------------------------------------------------
+
+    @property
+    def total_epochs(self) -> int:
+        return self.cfg.trainer.total_epochs
+
+    def build_dataset(self, files):
+        return build_dataset(files, self.tokenizer, self.cfg)
+
+    def build_engine(self):
+        cfg = self.cfg
+        return build_engine(cfg.model.partial_pretrain, "actor", cfg.model, cfg.model.fsdp_config,
+                            sft_optim_options(cfg.optim, self.total_steps), seed=cfg.trainer.seed,
+                            use_remove_padding=cfg.use_remove_padding, megatron=megatron_section(cfg.model))
+
+    def update(self, examples: list) -> dict[str, float]:
+        """One optimizer step on this rank's share of the examples."""
+        return sft_update(self.engine, examples, self.tokenizer.pad_token_id, self.micro_batches)
+
+    def eval_sums(self, examples: list) -> tuple[float, int]:
+        """(summed loss, counted items) of this rank's share of the validation examples."""
+        return sft_eval_sums(self.engine, examples, self.tokenizer.pad_token_id, self.micro_batches)
+
+    @staticmethod
+    def example_tokens(example) -> int:
+        return len(example.input_ids)
+
+    def pad_for_ranks(self, examples: list) -> list:
+        """`examples` padded to a multiple of the data-parallel size with examples that count for nothing."""
+        return pad_to_multiple(examples, self.dp_size)
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -118,20 +147,18 @@ class SFTTrainer:
     def train_step(self, examples: list[SFTExample]) -> dict[str, float]:
         """One optimizer step on this rank's block of the global batch `examples`."""
         start = time.perf_counter()
-        update = sft_update(self.engine, rank_share(examples, self.dp_rank, self.dp_size),
-                            self.tokenizer.pad_token_id, self.micro_batches)
+        update = self.update(rank_share(examples, self.dp_rank, self.dp_size))
         seconds = time.perf_counter() - start
         self.guard.record(self.step, update["skipped"] > 0,
                           {"train/loss": update["loss"], "train/grad_norm": update["grad_norm"]})
-        tokens = sum(len(example.input_ids) for example in examples)
+        tokens = sum(self.example_tokens(example) for example in examples)
         return {"train/loss": update["loss"], "train/lr": update["lr"], "train/grad_norm": update["grad_norm"],
                 "train/tokens_per_s": tokens / seconds, "train/epoch": self.step / len(self.train_loader)}
 
     def validation_loss(self) -> float:
         """Mean NLL per target token over the whole validation set, all ranks together."""
-        examples = pad_to_multiple([self.val_dataset[i] for i in range(len(self.val_dataset))], self.dp_size)
-        nll, tokens = sft_eval_sums(self.engine, rank_share(examples, self.dp_rank, self.dp_size),
-                                    self.tokenizer.pad_token_id, self.micro_batches)
+        examples = self.pad_for_ranks([self.val_dataset[i] for i in range(len(self.val_dataset))])
+        nll, tokens = self.eval_sums(rank_share(examples, self.dp_rank, self.dp_size))
         summed = torch.tensor([nll, tokens], dtype=torch.float64, device=current_device())
         dist.all_reduce(summed)
         nll, tokens = summed.tolist()

@@ -199,14 +199,14 @@ def test_ember_train_takes_ray_kwargs_too():
     assert (cfg.ray_init.num_cpus, cfg.ray_init.num_gpus) == (3, 1)
 
 
-def test_a_real_run_stops_at_the_nla_row_and_eval_at_its_own():
+def test_the_fsdp2_file_runs_and_the_megatron_file_stops_at_its_row():
     cfg = run_file("runs/qwen_7b/rl_grpo", ["trainer.rollout_data_dir=null"])
-    assert len(unimplemented_features(cfg)) == 1
-    with pytest.raises(NotImplementedFeature, match="ember nla train: NLA's RL loop .* is not implemented yet"):
-        check_implemented(cfg)
+    assert unimplemented_features(cfg) == []
     megatron = run_file("runs/qwen_7b/rl_grpo_megatron")
-    assert len(unimplemented_features(megatron)) == 1  # the NLA loop (its Megatron layout is implemented)
-    assert len(unimplemented_features(megatron, NLA_EVAL_UNIMPLEMENTED)) == 1  # eval only generates
+    with pytest.raises(NotImplementedFeature, match="ember nla train with strategy megatron .* is not implemented yet"):
+        check_implemented(megatron)
+    assert unimplemented_features(megatron, NLA_EVAL_UNIMPLEMENTED) == []  # eval only generates, on ember's engine
+    assert len(unimplemented_features(run_file("runs/qwen_7b/rl_grpo", ["nla.injection.mode=project"]))) == 1
 
 
 def test_sft_file_loads_with_names_filled_and_the_forks_dataset_class_accepted():
@@ -215,7 +215,7 @@ def test_sft_file_loads_with_names_filled_and_the_forks_dataset_class_accepted()
     assert (cfg.trainer.project_name, cfg.trainer.experiment_name) == ("nla-sft", "qwen2-5-7b-instruct-actor-canonical")
     assert cfg.nla.critic.output_layer_index == 20 and cfg.nla.critic_epochs == 3 and cfg.engine == {"strategy": "fsdp2"}
     assert "hf_model" in cfg.trainer.checkpoint.save_contents
-    assert unimplemented_features(cfg) == ["ember nla sft: NLA SFT (nla.train_mode=actor) is not implemented yet"]
+    assert unimplemented_features(cfg) == []  # the fork's dataset class is ember nla sft's own reader
     critic = run_file("nla_sft_7b_8gpu", ["nla.train_mode=critic", "data.train_files=x_random.parquet"], NLASFTConfig)
     assert critic.trainer.experiment_name == "qwen2-5-7b-instruct-critic-random"
 

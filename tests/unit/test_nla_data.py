@@ -15,10 +15,10 @@ from ember.nla.data import (
     NLASFTDataset,
     VectorOptions,
     activation_layers,
-    collate_nla_sft,
     vector_options,
 )
 from ember.nla.marker import Marker, choose_marker, marker_metadata
+from ember.trainer.nla_sft import nla_sft_batch
 
 H = 4
 
@@ -128,12 +128,11 @@ def test_sft_examples_follow_the_fork_stripped_user_turn_and_response_then_eos(t
     assert example.prompt_ids == tokenizer(prompt, add_special_tokens=False)["input_ids"]
     assert example.response_ids == tokenizer("The dog reads.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     assert example.prompt_ids[example.marker_position] == marker.token_id
-    batch = collate_nla_sft(list(dataset), tokenizer.pad_token_id)
-    assert batch["activation_vectors"].shape == (2, H) and batch["injection_positions"].tolist() == [
+    batch = nla_sft_batch(list(dataset), tokenizer.pad_token_id)
+    assert batch.activation_vectors.shape == (2, H) and batch.injection_positions.tolist() == [
         dataset[0].marker_position, dataset[1].marker_position]
-    row = batch["labels"][1]
-    assert row[: len(example.prompt_ids)].eq(-100).all()
-    assert row[len(example.prompt_ids): len(example.prompt_ids) + len(example.response_ids)].tolist() == example.response_ids
+    targets = batch.input_ids[1, 1:][batch.response_mask[1].bool()]  # the tokens the loss counts
+    assert targets.tolist() == example.response_ids
 
 
 @pytest.mark.parametrize("row, column, problem", [
