@@ -13,7 +13,7 @@ from torch import nn
 from ember.rollout.base import Injection, RolloutEngine, RolloutOutput, SamplingParams
 from ember.rollout.hf import HFRollout
 
-__all__ = ["HFRollout", "RolloutEngine", "RolloutOutput", "SamplingParams", "build_rollout"]
+__all__ = ["HFRollout", "Injection", "RolloutEngine", "RolloutOutput", "SamplingParams", "build_rollout"]
 
 _EXTERNAL_ENGINES = ("vllm", "sglang")
 
