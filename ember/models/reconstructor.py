@@ -64,6 +64,23 @@ def prediction_module(model: nn.Module, layer_index: int | None) -> nn.Module:
     return layers[index - 1]
 
 
+def trained_parameters(model: nn.Module, layer_index: int | None) -> list[nn.Parameter]:
+    """The parameters the prediction depends on (the embeddings, the decoder layers up to the read one, the
+    final norm when it is read): the only ones that get gradients, so the only ones an optimizer should hold
+    (an optimizer over the others would keep state that no checkpoint of the trained ones has)."""
+    module = prediction_module(model, layer_index)
+    body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    upstream = [model.get_input_embeddings()]
+    if module is body.norm:
+        upstream += [*body.layers, body.norm]
+    elif module is not upstream[0]:
+        upstream += list(body.layers[:list(body.layers).index(module) + 1])
+    kept = {id(parameter) for part in upstream for parameter in part.parameters()}
+    for parameter in model.parameters():
+        parameter.requires_grad_(id(parameter) in kept)
+    return [parameter for parameter in model.parameters() if id(parameter) in kept]
+
+
 def last_token_rows(batch: Batch, packed: bool) -> Tensor:
     """Index of each sample's last real token: in the flattened [b * T] padded layout, or the packed row."""
     mask = batch.attention_mask.bool()

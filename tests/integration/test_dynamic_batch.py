@@ -90,7 +90,7 @@ def test_dynamic_micro_batches_give_the_same_loss_and_update(model_dir, batch, l
         metrics = actor.update(rl_batch, step=0)
         results[name] = metrics, full_weights(actor.engine)
     (fixed_metrics, fixed_weights), (dynamic_metrics, dynamic_weights) = results["fixed"], results["dynamic"]
-    assert dynamic_metrics["actor/loss"] == pytest.approx(fixed_metrics["actor/loss"], abs=1e-6)
+    assert dynamic_metrics["actor/loss"] == pytest.approx(fixed_metrics["actor/loss"], rel=1e-6, abs=1e-6)  # float32 sums in another order
     assert dynamic_metrics["actor/grad_norm"] == pytest.approx(fixed_metrics["actor/grad_norm"], rel=1e-5)
     for name, weight in fixed_weights.items():
         torch.testing.assert_close(dynamic_weights[name], weight, atol=1e-6, rtol=0, msg=name)

@@ -192,3 +192,21 @@ def test_reward_is_minus_the_mse_of_the_critic_prompt_and_response_hidden_state(
     variance = ((targets - targets.mean(0)) ** 2).mean()
     assert metrics["critic/fve"] == pytest.approx(1 - float(((expected - targets) ** 2).mean() / variance), rel=1e-4)
     assert metrics["critic/mse_with_zero_pred"] == pytest.approx(float((targets ** 2).mean()), rel=1e-5)
+
+
+def test_reconstructor_trains_only_what_its_prediction_reads(model_dir):
+    """Layer 1's prediction reads the embeddings and decoder layer 1: the optimizer holds those alone (so its
+    checkpoint resumes), they move, and decoder layer 2, the final norm and the head stay as loaded."""
+    from ember.workers.reconstructor import mse_loss
+
+    engine = FSDPEngine(engine_options(model_dir, role="reconstructor", output_layer_index=1))
+    held = {id(parameter) for group in engine.optimizer.param_groups for parameter in group["params"]}
+    names = {name for name, parameter in engine.model.named_parameters() if id(parameter) in held}
+    assert names and all(name.startswith(("model.embed_tokens", "model.layers.0.")) for name in names)
+    before = {name: parameter.detach().clone().to_local() if hasattr(parameter, "to_local") else parameter.detach().clone()
+              for name, parameter in engine.model.named_parameters()}
+    batch = make_batch(samples=4).with_fields(activation_vectors=torch.randn(4, HIDDEN))
+    engine.train_mini_batch(batch, mse_loss, micro_batch_size=2)
+    for name, parameter in engine.model.named_parameters():
+        now = parameter.detach().to_local() if hasattr(parameter, "to_local") else parameter.detach()
+        assert torch.equal(now, before[name]) == (name not in names), name

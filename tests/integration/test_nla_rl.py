@@ -87,3 +87,30 @@ def test_nla_eval_scores_and_writes_explanations(tmp_path, model_dir, capsys):
     assert "nla_eval/default/accuracy:" in out and "nla_eval/default/accuracy_animals:" in out
     written = (tmp_path / "run" / "nla_eval" / "default" / "0.jsonl").read_text().splitlines()
     assert len(written) == 4
+
+
+def test_nla_resumes_both_roles_from_its_checkpoint(tmp_path, model_dir):
+    train = write_parquet(rows(), tmp_path / "rl_train_layer1.parquet")
+    assert nla("train", "runs/qwen_7b/rl_grpo", *run_overrides(tmp_path, model_dir, train, steps=3)) == 0
+    straight = metric_lines(tmp_path / "run")
+    resumed_dir = tmp_path / "resumed"
+    overrides = [*run_overrides(tmp_path, model_dir, train, steps=2), f"trainer.default_local_dir={resumed_dir}"]
+    assert nla("train", "runs/qwen_7b/rl_grpo", *overrides) == 0
+    assert nla("train", "runs/qwen_7b/rl_grpo", *overrides, "trainer.total_training_steps=3",
+               "trainer.resume_mode=auto") == 0
+    resumed = metric_lines(resumed_dir)
+    assert [line["step"] for line in resumed] == [1, 2, 3]
+    for key in ("critic/critic_loss", "critic/loss", "actor/pg_loss"):  # the third step as if never stopped
+        assert resumed[2][key] == pytest.approx(straight[2][key], rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.slow
+def test_the_forks_split_pools_put_the_reconstructor_on_its_own_ray_worker(tmp_path, model_dir, local_ray):
+    train = write_parquet(rows(), tmp_path / "rl_train_layer1.parquet")
+    overrides = [*run_overrides(tmp_path, model_dir, train), "trainer.n_gpus_per_node=2", "trainer.device=cpu",
+                 "+ray_kwargs.resource_pool.actor_rollout.num_gpus=1", "+ray_kwargs.resource_pool.critic.num_gpus=1"]
+    assert nla("train", "runs/qwen_7b/rl_grpo", *overrides) == 0
+    lines = metric_lines(tmp_path / "run")
+    assert [line["step"] for line in lines] == [1, 2]
+    for line in lines:
+        assert line["perf/critic/peak_memory_gb"] >= 0 and line["critic/grad_norm"] > 0 and "critic/fve" in line

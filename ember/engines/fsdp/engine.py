@@ -42,7 +42,7 @@ from ember.engines.log_probs import compute_response_log_probs
 from ember.engines.optim import OptimOptions, build_lr_scheduler, build_optimizer
 from ember.engines.varlen_attention import packed_attention_implementation
 from ember.models.loading import resolve_dtype
-from ember.models.reconstructor import compute_reconstruction
+from ember.models.reconstructor import compute_reconstruction, trained_parameters
 from ember.models.value_model import compute_response_values
 
 ROLES = ("actor", "critic", "ref", "reconstructor")
@@ -142,8 +142,9 @@ class FSDPEngine(TrainEngine):
             logger.info("%s: MoE experts run as %s%s", options.role, experts,
                         "" if experts == "grouped_mm" else " (a loop over experts: grouped_mm was not available)")
         self.expert_load = ExpertLoad(self.model)
-        self.optimizer = (build_optimizer(self.model.parameters(), options.optim)
-                          if options.trains else None)
+        trained = (trained_parameters(self.model, options.output_layer_index) if options.role == "reconstructor"
+                   else self.model.parameters())
+        self.optimizer = build_optimizer(trained, options.optim) if options.trains else None
         self.lr_scheduler = build_lr_scheduler(self.optimizer, options.optim) if options.trains else None
         self.host_copies = HostCopies()  # where offload() puts shards and optimizer state (pinned on CUDA)
 
