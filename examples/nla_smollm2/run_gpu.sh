@@ -2,7 +2,9 @@
 # NLA on SmolLM2-135M-Instruct (30 layers; vectors of layer 20) on one GPU, on the GPU host:
 #   prepare   rejoin the GGUF pieces in /tmp, convert, write documents, extract RL/SFT rows (+ _random)
 #   sft       SFT of the actor and of the critic
-#   rl        NLA GRPO from the two SFT folders, on the canonical data and on the _random control
+#   rl        NLA GRPO from the two SFT folders, on the canonical RL rows and on their _random file
+#   control   the fork's control end to end: SFT of both roles on the _random SFT rows (explanations that
+#             do not match their vectors), then GRPO from those folders on the _random RL rows
 #   truncate  a few steps with the critic cut after layer 20 against the full critic (step time)
 # Usage: run_gpu.sh OUT STAGE...   (results: metrics files under OUT)
 set -euo pipefail
@@ -23,27 +25,32 @@ convert_gguf('/tmp/SmolLM2-135M-Instruct.Q4_1.gguf', '$work/model')"
   python3 "$here/make_documents.py" "$work/documents.parquet" 3072
   common=(model.name=$work/model dataset.input_parquet=$work/documents.parquet dataset.text_column=text
           model.layer_index=$layer output.injection_token=$marker sampling.parallel_batch_size=64 output.overwrite=true)
-  nla extract "${common[@]}" mode=sft dataset.slice_length=1024 sampling.total_activations=1024 output.path_prefix=$work/sft
+  nla extract "${common[@]}" mode=sft dataset.slice_length=1024 sampling.total_activations=1024 output.path_prefix=$work/sft \
+      output.random_variant.enabled=true
   nla extract "${common[@]}" mode=rl dataset.slice_start=1024 sampling.total_activations=2048 \
       output.path_prefix=$work/rl output.random_variant.enabled=true
   ;;
-sft)
+sft|control)
+  suffix=""; [ "$stage" = control ] && suffix=_random
   for mode in actor critic; do
-    nla sft model.partial_pretrain=$work/model data.train_files=$work/sft_layer$layer.parquet \
+    nla sft model.partial_pretrain=$work/model data.train_files=$work/sft_layer$layer$suffix.parquet \
         nla.train_mode=$mode nla.injection.injection_token=$marker nla.critic.output_layer_index=$layer \
         data.train_batch_size=32 data.micro_batch_size_per_gpu=32 data.max_length=256 trainer.total_epochs=2 \
         optim.lr=5e-5 nla.critic_lr=5e-5 model.enable_gradient_checkpointing=false \
-        trainer.default_local_dir=$work/sft_$mode trainer.logger=[console,tensorboard]
-    cp $work/sft_$mode/metrics.jsonl "$out/sft_${mode}_metrics.jsonl"
+        trainer.default_local_dir=$work/sft_$mode$suffix trainer.logger=[console,tensorboard]
+    cp $work/sft_$mode$suffix/metrics.jsonl "$out/sft_${mode}${suffix}_metrics.jsonl"
   done
+  if [ "$stage" = control ]; then bash "$0" "$out" rl_control; fi
   ;;
-rl|truncate)
+rl|truncate|rl_control)
   steps=40; variants=("canonical:rl_layer$layer.parquet" "random:rl_layer${layer}_random.parquet")
   if [ "$stage" = truncate ]; then steps=6; variants=("full:rl_layer$layer.parquet" "cut:rl_layer$layer.parquet"); fi
+  if [ "$stage" = rl_control ]; then variants=("control:rl_layer${layer}_random.parquet"); fi
   for variant in "${variants[@]}"; do
     name=${variant%%:*}; file=${variant#*:}
     extra=(); [ "$name" = cut ] && extra=(critic.model.truncate_at_layer=$layer)
-    nla train actor_rollout_ref.model.path=$work/sft_actor/hf_model critic.model.path=$work/sft_critic/hf_model \
+    sft=""; [ "$name" = control ] && sft=_random
+    nla train actor_rollout_ref.model.path=$work/sft_actor$sft/hf_model critic.model.path=$work/sft_critic$sft/hf_model \
         critic.output_layer_index=$layer nla.injection.injection_token=$marker data.train_files=[$work/$file] \
         data.train_batch_size=32 actor_rollout_ref.rollout.n=8 actor_rollout_ref.actor.ppo_mini_batch_size=256 \
         data.max_prompt_length=64 data.max_response_length=48 trainer.total_training_steps=$steps \
