@@ -31,8 +31,12 @@ from ember.engines.fused_log_probs import fused_log_probs
 
 def compute_response_log_probs(model: nn.Module, batch: Batch, *, temperature: float = 1.0,
                                compute_entropy: bool = False, entropy_grad: bool = False,
-                               packed: bool = False, fused: bool = False) -> tuple[Tensor, Tensor | None]:
+                               packed: bool = False, fused: bool = False,
+                               aux_losses: list[Tensor] | None = None) -> tuple[Tensor, Tensor | None]:
     """([b, R] log-probs, [b, R] entropy or None), float32, of `batch.responses` under `model`.
+
+    A MoE model whose config sets `output_router_logits` returns its routers' load-balancing loss
+    with the forward; it is appended to `aux_losses` when a list is given.
 
     The entropy carries gradients only with `entropy_grad` (an entropy bonus in the loss);
     as a metric it is computed from detached logits, so backward keeps nothing for it.
@@ -53,15 +57,18 @@ def compute_response_log_probs(model: nn.Module, batch: Batch, *, temperature: f
         keep = torch.arange(positions.start, positions.stop, device=batch.input_ids.device)
         targets = batch.responses
     head = _fused_head if fused else _logits_head
-    log_probs, entropy = head(model, inputs, keep, targets, temperature, compute_entropy, entropy_grad)
+    log_probs, entropy, aux_loss = head(model, inputs, keep, targets, temperature, compute_entropy, entropy_grad)
+    if aux_losses is not None and aux_loss is not None:
+        aux_losses.append(aux_loss)
     if packed:
         return packing.unpack(log_probs), None if entropy is None else packing.unpack(entropy)
     return log_probs, entropy
 
 
 def _logits_head(model: nn.Module, inputs: dict, keep: Tensor, targets: Tensor, temperature: float,
-                 compute_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
-    """Log-probs and entropy (shaped like `targets`) from the model's logits of the `keep` rows."""
+                 compute_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
+    """Log-probs and entropy (shaped like `targets`) from the model's logits of the `keep` rows, and the
+    model's auxiliary (router) loss if it returned one."""
     output = model(**inputs, use_cache=False, logits_to_keep=keep)
     logits = output.logits.float() / temperature
     log_probs = log_probs_from_logits(logits, targets)
@@ -69,11 +76,11 @@ def _logits_head(model: nn.Module, inputs: dict, keep: Tensor, targets: Tensor, 
     if compute_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
-    return log_probs, entropy
+    return log_probs, entropy, getattr(output, "aux_loss", None)
 
 
 def _fused_head(model: nn.Module, inputs: dict, keep: Tensor, targets: Tensor, temperature: float,
-                compute_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None]:
+                compute_entropy: bool, entropy_grad: bool) -> tuple[Tensor, Tensor | None, Tensor | None]:
     """As `_logits_head`, with the LM head computing fused log-probs in place of logits.
 
     The head's output (what the model returns as `logits`) stacks log-prob and entropy per
@@ -95,9 +102,9 @@ def _fused_head(model: nn.Module, inputs: dict, keep: Tensor, targets: Tensor, t
         return torch.stack([log_probs] if entropy is None else [log_probs, entropy], dim=-1)
 
     with replaced_forward(head, log_probs_instead_of_logits):
-        stacked = model(**inputs, use_cache=False, logits_to_keep=keep).logits
-    stacked = stacked.reshape(*targets.shape, -1)
-    return stacked[..., 0], stacked[..., 1] if compute_entropy else None
+        output = model(**inputs, use_cache=False, logits_to_keep=keep)
+    stacked = output.logits.reshape(*targets.shape, -1)
+    return stacked[..., 0], stacked[..., 1] if compute_entropy else None, getattr(output, "aux_loss", None)
 
 
 _LOGIT_RESCALING = ("final_logit_softcapping", "logits_scaling", "logit_scale")

@@ -10,6 +10,8 @@ on every rank but the first so that only one process reads the weights from disk
 from __future__ import annotations
 
 import copy
+from typing import Any
+
 import torch
 from transformers import (
     AutoConfig,
@@ -37,18 +39,25 @@ def _auto_class(value_head: bool):
     return AutoModelForTokenClassification if value_head else AutoModelForCausalLM
 
 
-def load_model_config(path: str, *, value_head: bool = False, keep_layers: int | None = None) -> PretrainedConfig:
+def load_model_config(path: str, *, value_head: bool = False, keep_layers: int | None = None,
+                      overrides: dict[str, Any] | None = None) -> PretrainedConfig:
     """The model's config; for a value model, turned into a one-label token classifier's; with
-    `keep_layers`, cut after that many decoder layers (NLA's reconstructor, `models/reconstructor.py`)."""
+    `keep_layers`, cut after that many decoder layers (NLA's reconstructor, `models/reconstructor.py`);
+    `overrides` (`model.override_config`) replace fields of it, each a field the config has."""
     config = truncated_config(AutoConfig.from_pretrained(path), keep_layers)
+    for key, value in (overrides or {}).items():
+        if not hasattr(config, key):
+            raise ValueError(f"model.override_config.{key}: the model's config ({type(config).__name__}) has no "
+                             f"field {key!r}; override a field it has (e.g. attention_dropout, output_router_logits)")
+        setattr(config, key, value)
     return value_model_config(config) if value_head else config
 
 
-def load_model(path: str, *, value_head: bool = False, dtype: str = "float32",
-               attn_implementation: str = "sdpa", keep_layers: int | None = None) -> PreTrainedModel:
+def load_model(path: str, *, value_head: bool = False, dtype: str = "float32", attn_implementation: str = "sdpa",
+               keep_layers: int | None = None, overrides: dict[str, Any] | None = None) -> PreTrainedModel:
     """Read the checkpoint at `path` onto the CPU, its parameters in `dtype` (only the first `keep_layers`
-    decoder layers when given)."""
-    config = load_model_config(path, value_head=value_head, keep_layers=keep_layers)
+    decoder layers when given; `overrides` as `load_model_config`)."""
+    config = load_model_config(path, value_head=value_head, keep_layers=keep_layers, overrides=overrides)
     return _auto_class(value_head).from_pretrained(path, config=config, dtype=resolve_dtype(dtype),
                                                    attn_implementation=attn_implementation)
 

@@ -13,7 +13,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from ember.algorithms import ClipConfig
 from ember.config import ConfigError
@@ -115,6 +115,19 @@ def check_model_path(key: str, path: str, *, tokenizer_only: bool = False) -> No
     raise ConfigError(f"{key}={path} does not exist; point it at a Hugging Face model folder (or a hub id)")
 
 
+def check_override_config(key: str, model_path: str, overrides: dict) -> None:
+    """Each field `<key>.override_config` replaces must be one the model's config has (a typo would
+    otherwise change nothing)."""
+    if not overrides or not os.path.isdir(model_path):
+        return
+    config = AutoConfig.from_pretrained(model_path)
+    unknown = sorted(name for name in overrides if not hasattr(config, name))
+    if unknown:
+        raise ConfigError(f"{key}.override_config sets {', '.join(unknown)}, which the model's config "
+                          f"({type(config).__name__}, {model_path}) does not have; override fields it has "
+                          "(e.g. attention_dropout, or output_router_logits for a MoE model)")
+
+
 def check_data_files(key: str, files: str | list[str] | None) -> None:
     """Each file a data key names (one path or a list; None names none) must exist."""
     for path in [files] if isinstance(files, str) else files or []:
@@ -152,6 +165,9 @@ def check_input_paths(cfg: EmberConfig) -> None:
     for key, path in models.items():
         if path is not None:
             check_model_path(key, path)
+    check_override_config("actor_rollout_ref.model", arr.model.path, arr.model.override_config)
+    if uses_critic(cfg) and cfg.critic.model.path is not None:
+        check_override_config("critic.model", cfg.critic.model.path, cfg.critic.model.override_config)
     for key, path in {"actor_rollout_ref.model.tokenizer_path": arr.model.tokenizer_path,
                       "data.tokenizer": cfg.data.tokenizer}.items():
         if path is not None:
@@ -235,7 +251,8 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         use_remove_padding=use_remove_padding, use_fused_kernels=use_fused_kernels,
         reshard_after_forward=fsdp_config.reshard_after_forward, param_offload=fsdp_config.param_offload,
         optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy,
-        compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions(), **nla))
+        compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions(),
+        override_config=dict(getattr(model_cfg, "override_config", None) or {}), **nla))
 
 
 def run_noise_injection(cfg: EmberConfig, total_steps: int) -> NoiseInjection | None:

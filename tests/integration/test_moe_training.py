@@ -160,3 +160,32 @@ def test_the_engine_reports_expert_load_of_every_real_token(tmp_path, packed):
     expected_mean = real_tokens * config.num_experts_per_tok / config.num_experts
     assert metrics["moe/tokens_per_expert_mean"] == pytest.approx(expected_mean)
     assert metrics["moe/tokens_per_expert_max"] >= expected_mean and metrics["moe/max_over_mean_load"] >= 1.0
+
+
+def test_output_router_logits_adds_the_routers_load_balancing_loss_to_the_actors(tmp_path):
+    """`model.override_config.output_router_logits: true` (verl's key, HF's field) adds HF's load-balancing
+    loss × `router_aux_loss_coef` to the actor's loss, as HF's CausalLM does when given labels."""
+    model_dir = moe_model_dir(tmp_path, "qwen2_moe")
+    batch = make_batch()
+    plain = FSDPEngine(engine_options(model_dir))
+    balanced = FSDPEngine(engine_options(model_dir, override_config={"output_router_logits": True,
+                                                                    "router_aux_loss_coef": 0.5}))
+    assert plain.router_aux_coef == 0 and balanced.router_aux_coef == 0.5
+    without = plain.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=len(batch))
+    with_aux = balanced.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=len(batch))
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        expected = float(model(input_ids=batch.input_ids, attention_mask=batch.attention_mask,
+                               position_ids=batch.position_ids, output_router_logits=True).aux_loss)
+    assert "moe/aux_loss" not in without and with_aux["moe/aux_loss"] == pytest.approx(expected, rel=1e-5)
+    assert with_aux["loss"] - without["loss"] == pytest.approx(0.5 * expected, rel=1e-4)
+
+
+def test_an_override_the_models_config_lacks_is_refused(tmp_path):
+    from ember.config import ConfigError
+    from ember.trainer.rl_setup import check_override_config
+
+    model_dir = moe_model_dir(tmp_path, "qwen2_moe")
+    check_override_config("actor_rollout_ref.model", model_dir, {"router_aux_loss_coef": 0.01})
+    with pytest.raises(ConfigError, match="override_config sets router_aux_los_coef, which the model's config"):
+        check_override_config("actor_rollout_ref.model", model_dir, {"router_aux_los_coef": 0.01})

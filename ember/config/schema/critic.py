@@ -24,7 +24,8 @@ class CriticModelConfig:
 
     path: str | None = follow(f"{_MODEL}.path", "HF model directory or hub id the critic starts from")
     tokenizer_path: str | None = field_(None, "tokenizer directory; null = the policy's tokenizer")
-    override_config: dict[str, Any] = field_({}, "fields that replace those of the HF model config")
+    override_config: dict[str, Any] = field_({}, "fields that replace those of the HF model config in training; each "
+                                                 "must be a field the config has")
     external_lib: str | None = follow(f"{_MODEL}.external_lib", "Python module imported before loading the model")
     enable_gradient_checkpointing: bool = field_(True, "recompute activations in backward to save memory")
     enable_activation_offload: bool = field_(False, "move checkpointed activations to CPU between forward and backward")

@@ -22,7 +22,10 @@ class ModelConfig:
     tokenizer_path: str | None = field_(None, "tokenizer directory or hub id; null = path")
     external_lib: str | None = field_(
         None, "Python module imported before loading the model (registers custom architectures)")
-    override_config: dict[str, Any] = field_({}, "fields that replace those of the HF model config (e.g. attention_dropout)")
+    override_config: dict[str, Any] = field_(
+        {}, "fields that replace those of the HF model config in the training engines (e.g. attention_dropout; "
+        "output_router_logits: true adds a MoE model's load-balancing loss × router_aux_loss_coef to the actor's "
+        "loss); each must be a field the config has")
     enable_gradient_checkpointing: bool = field_(True, "recompute activations in backward to save memory")
     enable_activation_offload: bool = field_(False, "move checkpointed activations to CPU between forward and backward")
     use_remove_padding: bool = field_(False, "pack sequences without padding (variable-length attention)")

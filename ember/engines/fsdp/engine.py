@@ -85,6 +85,10 @@ class EngineOptions:
     compile_layers: bool = False
     """torch.compile each decoder layer's forward (`parallelize.compile_decoder_layers`) on an accelerator;
     ignored on CPU (compiling there costs more than it saves)."""
+    override_config: dict = field(default_factory=dict)
+    """Fields that replace those of the model's HF config (`model.override_config`, as verl): e.g.
+    `output_router_logits: true` adds a MoE model's router load-balancing loss, weighted by its
+    `router_aux_loss_coef`, to the actor's loss."""
     injection_mode: str = "replace"
     """NLA: how a batch's activation vectors enter the actor's input embeddings (`engines/injection.py`)."""
     output_layer_index: int | None = None
@@ -136,7 +140,12 @@ class FSDPEngine(TrainEngine):
             reshard_after_forward=(options.reshard_after_forward and self.dp_size > 1) or options.offload_policy,
             offload_policy=options.offload_policy,
             compile_layers=options.compile_layers and self.device.type != "cpu",
-            keep_layers=options.truncate_at_layer if options.role == "reconstructor" else None)
+            keep_layers=options.truncate_at_layer if options.role == "reconstructor" else None,
+            overrides=options.override_config)
+        config = self.model.config
+        self.router_aux_coef = (float(config.router_aux_loss_coef) if options.role == "actor"
+                                and getattr(config, "output_router_logits", False) else 0.0)
+        """Weight of the routers' load-balancing loss in the actor's loss (0: not added, HF's default)."""
         experts = getattr(self.model.config, "_experts_implementation", None)
         if getattr(self.model.config, "num_experts", None) and experts:  # a MoE model: say how its experts run
             logger.info("%s: MoE experts run as %s%s", options.role, experts,
@@ -151,7 +160,7 @@ class FSDPEngine(TrainEngine):
     # --- computing -------------------------------------------------------------------------
 
     def _model_output(self, batch: Batch, compute_entropy: bool, temperature: float,
-                      entropy_grad: bool = False) -> ModelOutput:
+                      entropy_grad: bool = False, aux_losses: list[Tensor] | None = None) -> ModelOutput:
         packed = self.options.use_remove_padding
         if self.options.role == "critic":
             return ModelOutput(values=compute_response_values(self.model, batch, packed=packed))
@@ -161,7 +170,8 @@ class FSDPEngine(TrainEngine):
         with injecting(self.model, batch, packed=packed, mode=self.options.injection_mode):
             log_probs, entropy = compute_response_log_probs(self.model, batch, temperature=temperature,
                                                             compute_entropy=compute_entropy, entropy_grad=entropy_grad,
-                                                            packed=packed, fused=self.options.use_fused_kernels)
+                                                            packed=packed, fused=self.options.use_fused_kernels,
+                                                            aux_losses=aux_losses)
         return ModelOutput(log_probs=log_probs, entropy=entropy)
 
     def forward(self, batch: Batch, micro_batch_size: int | MicroBatchSpec, *, compute_entropy: bool = False,
@@ -189,9 +199,14 @@ class FSDPEngine(TrainEngine):
             self.expert_load.reset(self.device)
         for micro in micros:
             micro = micro.to(self.device)
+            aux_losses: list[Tensor] = []
             with self._recording_expert_load(micro):
-                output = self._model_output(micro, compute_entropy, temperature, entropy_grad)
+                output = self._model_output(micro, compute_entropy, temperature, entropy_grad, aux_losses)
             loss, metrics = loss_fn(output, micro, context)
+            if self.router_aux_coef and aux_losses:  # a share of the mean over every micro-batch of every rank
+                aux = aux_losses[0].to(loss.device)
+                loss = loss + self.router_aux_coef * aux / (len(micros) * context.dp_size)
+                metrics = {**metrics, "moe/aux_loss": aux.detach()}
             # FSDP averages gradients over ranks; the shares are normalised by global counts.
             (loss * context.dp_size).backward()
             loss_share_total += loss.detach()
