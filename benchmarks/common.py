@@ -41,9 +41,16 @@ QWEN25_15B_SHAPE = dict(QWEN25_05B_SHAPE, hidden_size=1536, intermediate_size=89
 QWEN25_7B_SHAPE = dict(QWEN25_05B_SHAPE, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
                        num_attention_heads=28, num_key_value_heads=4, vocab_size=152064, tie_word_embeddings=False)
 
-# Model shapes by name: Qwen2 config fields on top of ember's tiny Qwen2 (hidden 64, 2 layers).
+# SmolLM2-135M-Instruct's architecture (Llama; its config.json), with random weights: the small model of
+# the step-cost work (a step of short answers is mostly fixed costs).
+SMOLLM2_135M_SHAPE = dict(arch="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                          num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+                          max_position_embeddings=8192, rope_theta=100_000.0, rms_norm_eps=1e-5)
+
+# Model shapes by name: config fields on top of ember's tiny model of the shape's `arch` (qwen2 by default;
+# hidden 64, 2 layers).
 SHAPES: dict[str, dict] = {"tiny": {}, "qwen2.5-0.5b": QWEN25_05B_SHAPE, "qwen2.5-1.5b": QWEN25_15B_SHAPE,
-                           "qwen2.5-7b": QWEN25_7B_SHAPE}
+                           "qwen2.5-7b": QWEN25_7B_SHAPE, "smollm2-135m": SMOLLM2_135M_SHAPE}
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ember checkout holding benchmarks/
 
@@ -116,7 +123,8 @@ class FrameworkResult:
 
 
 def build_model_dir(shape: str, tokenizer: PreTrainedTokenizerBase, out_dir: str, dtype: torch.dtype, seed: int) -> str:
-    """Saves a randomly initialised Qwen2 model of `shape` with `tokenizer` as a HF directory.
+    """Saves a randomly initialised model of `shape` (Qwen2 unless the shape names its `arch`) with
+    `tokenizer` as a HF directory.
 
     The model's vocabulary may be larger than the tokenizer's (the real Qwen shape with the
     tiny tokenizer): ids the tokenizer does not know decode to nothing, which is harmless
@@ -124,7 +132,7 @@ def build_model_dir(shape: str, tokenizer: PreTrainedTokenizerBase, out_dir: str
     """
     overrides = dict(SHAPES[shape])
     vocab_size = overrides.pop("vocab_size", len(tokenizer))
-    config = tiny_model_config("qwen2", vocab_size=vocab_size, bos_token_id=tokenizer.bos_token_id,
+    config = tiny_model_config(overrides.pop("arch", "qwen2"), vocab_size=vocab_size, bos_token_id=tokenizer.bos_token_id,
                                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **overrides)
     torch.manual_seed(seed)
     with torch.device(device_type() if torch.accelerator.is_available() else "cpu"):  # a 7B init takes minutes on CPU

@@ -12,6 +12,8 @@ step, device synchronised; the table gives the median of `--steps` steps after `
 
     python benchmarks/grpo_step.py --shape qwen2.5-0.5b --out grpo_step.json   # GPU
     python benchmarks/grpo_step.py --shape tiny --prompts 4 --n 2 --response-length 8 --steps 1 --warmup 1  # CPU smoke
+    # the small-model step (SmolLM2-135M's shape, answers of 12 or 64 tokens): mostly fixed costs
+    python benchmarks/grpo_step.py --shape smollm2-135m --prompts 32 --n 8 --response-length 12
 
 ember's fastest setting in BENCHMARKS.md (the switches, compiled layers, a 48k token budget,
 no recompute for either framework):
