@@ -1,5 +1,5 @@
-"""Builds the parts of an `ember nla train` run: the driver's prompts with their vectors, and on each rank the
-reconstructor (NLA's critic) beside or apart from the actor, as `rl_setup.py` builds an RL run's roles.
+"""Builds the driver's parts of an `ember nla train` run: the prompts with their vectors and the role groups
+(each rank's roles, the reconstructor included, are `rl_setup.build_rank_roles`'s).
 
 The actor, its rollout and the resource pools are `rl_setup`'s: an NLA run differs in its data
 (`NLAPromptDataset`), in the actor's forwards (the batch carries the vectors, which the engine
@@ -14,37 +14,14 @@ import logging
 from ember.config.nla_rules import data_variant
 from ember.config.schema.nla_train import NLATrainConfig
 from ember.data.prompt_loader import PromptLoader
-from ember.distributed.device import world_size
 from ember.nla.checks import model_hidden_size
 from ember.nla.data import NLAPromptDataset, vector_options
 from ember.nla.marker import choose_marker
-from ember.trainer.rl_setup import (RLComponents, build_engine, build_worker_groups, load_tokenizer, micro_batch_spec,
-                                    optim_options, optimizer_steps_per_rl_step, run_noise_injection, stop_token_ids,
-                                    total_training_steps)
+from ember.trainer.rl_setup import (RLComponents, build_worker_groups, load_tokenizer, run_noise_injection,
+                                    stop_token_ids, total_training_steps)
 from ember.trainer.role_groups import ActorGroup, ReconstructorGroup, ReferenceGroup, RolloutGroup
-from ember.workers.reconstructor import Reconstructor, ReconstructorOptions
 
 logger = logging.getLogger(__name__)
-
-
-def build_reconstructor(cfg: NLATrainConfig, total_steps: int) -> Reconstructor:
-    """This rank's reconstructor, sized for its data-parallel share of the critic's batches."""
-    critic = cfg.critic
-    n = cfg.actor_rollout_ref.rollout.n
-    updates = optimizer_steps_per_rl_step(cfg, critic.ppo_epochs, critic.ppo_mini_batch_size)
-    engine = build_engine(critic.model.path, "reconstructor", critic.model, critic.model.fsdp_config,
-                          optim_options(critic.optim, critic.grad_clip, total_steps, updates), seed=cfg.trainer.seed,
-                          use_remove_padding=critic.model.use_remove_padding,
-                          output_layer_index=critic.output_layer_index,
-                          truncate_at_layer=critic.model.truncate_at_layer)
-    mini_batch_samples = critic.ppo_mini_batch_size * n // world_size()
-    micro = critic.ppo_micro_batch_size_per_gpu or mini_batch_samples
-    return Reconstructor(engine, ReconstructorOptions(
-        mini_batch_samples=mini_batch_samples,
-        micro_batch=micro_batch_spec(critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu, micro, micro),
-        forward_micro_batch=micro_batch_spec(critic.use_dynamic_bsz, critic.forward_max_token_len_per_gpu,
-                                             critic.forward_micro_batch_size_per_gpu, micro),
-        ppo_epochs=critic.ppo_epochs, shuffle=critic.shuffle, seed=cfg.trainer.seed))
 
 
 def build_nla_components(cfg: NLATrainConfig) -> tuple[RLComponents, list[int]]:

@@ -38,6 +38,7 @@ from ember.trainer.rank_worker import RankWorker
 from ember.trainer.role_groups import ActorGroup, CriticGroup, ReferenceGroup, RolloutGroup
 from ember.workers.actor import Actor, ActorOptions
 from ember.workers.critic import Critic, CriticOptions
+from ember.workers.reconstructor import Reconstructor, ReconstructorOptions
 from ember.workers.reference import Reference
 from ember.workers.noise_injection import NoiseInjection, build_noise_injection
 from ember.workers.rollout import PolicyRollout
@@ -378,8 +379,6 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
             ref_cfg.log_prob_use_dynamic_bsz, ref_cfg.log_prob_max_token_len_per_gpu,
             ref_cfg.log_prob_micro_batch_size_per_gpu, batch_samples), temperature=arr.rollout.temperature)
     if "critic" in roles and nla is not None:
-        from ember.trainer.nla_setup import build_reconstructor
-
         built["critic"] = build_reconstructor(cfg, total_steps)
     elif "critic" in roles:
         critic_cfg = cfg.critic
@@ -401,6 +400,26 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
         if role in built:
             built[role].engine.offload()
     return built
+
+
+def build_reconstructor(cfg: EmberConfig, total_steps: int) -> Reconstructor:
+    """This rank's reconstructor, sized for its data-parallel share of the critic's batches."""
+    critic = cfg.critic
+    n = cfg.actor_rollout_ref.rollout.n
+    updates = optimizer_steps_per_rl_step(cfg, critic.ppo_epochs, critic.ppo_mini_batch_size)
+    engine = build_engine(critic.model.path, "reconstructor", critic.model, critic.model.fsdp_config,
+                          optim_options(critic.optim, critic.grad_clip, total_steps, updates), seed=cfg.trainer.seed,
+                          use_remove_padding=critic.model.use_remove_padding,
+                          output_layer_index=critic.output_layer_index,
+                          truncate_at_layer=critic.model.truncate_at_layer)
+    mini_batch_samples = critic.ppo_mini_batch_size * n // world_size()
+    micro = critic.ppo_micro_batch_size_per_gpu or mini_batch_samples
+    return Reconstructor(engine, ReconstructorOptions(
+        mini_batch_samples=mini_batch_samples,
+        micro_batch=micro_batch_spec(critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu, micro, micro),
+        forward_micro_batch=micro_batch_spec(critic.use_dynamic_bsz, critic.forward_max_token_len_per_gpu,
+                                             critic.forward_micro_batch_size_per_gpu, micro),
+        ppo_epochs=critic.ppo_epochs, shuffle=critic.shuffle, seed=cfg.trainer.seed))
 
 
 def pool_roles(cfg: EmberConfig, placement: Placement) -> list[tuple[Pool, tuple[str, ...]]]:
