@@ -28,8 +28,8 @@ def request_device(name: str) -> None:
     global _requested_device
     machine = torch.accelerator.current_accelerator().type if torch.accelerator.is_available() else "cpu"
     if name not in ("auto", "cpu", machine):
-        raise ValueError(f"trainer.device={name}, but this machine's device is {machine}: "
-                         f"set trainer.device=auto (or {machine}, or cpu)")
+        choices = "auto (or cpu)" if machine == "cpu" else f"auto (or {machine}, or cpu)"
+        raise ValueError(f"trainer.device={name}, but this machine's device is {machine}: set trainer.device={choices}")
     _requested_device = name
 
 
