@@ -95,6 +95,12 @@ RL_UNIMPLEMENTED: list[Row] = [
      lambda cfg: "ember nla train with strategy megatron (the vector injected in Megatron's embedding, the "
                  "reconstructor on megatron-core) is not implemented yet; use strategy fsdp2 for the actor and the "
                  "critic (fsdp_config: {} in place of null)"),
+    (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.algorithm.adv_estimator == "remax",
+     lambda cfg: "ember nla train with algorithm.adv_estimator=remax (a greedy explanation's reconstruction as the "
+                 "baseline) is not implemented yet; use grpo (the fork's), rloo or reinforce_plus_plus"),
+    (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.algorithm.filter_groups.enable,
+     lambda cfg: "ember nla train with algorithm.filter_groups (DAPO's dynamic sampling) is not implemented yet; "
+                 "set algorithm.filter_groups.enable=false"),
     (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.nla.injection.mode == "project",
      lambda cfg: "nla.injection.mode=project (a learned map of the vector) is not implemented yet; use replace or add"),
     (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.actor_rollout_ref.rollout.engine == "hf",

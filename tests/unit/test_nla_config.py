@@ -264,3 +264,12 @@ def test_every_nla_key_is_described(schema):
     lines = describe_keys(schema).splitlines()
     assert all("  # " in line and not line.endswith("# ") for line in lines)
     assert any(line.startswith("actor_rollout_ref.nla.injection.mode") for line in lines) or schema is not NLATrainConfig
+
+
+@pytest.mark.parametrize("override, message", [
+    ("algorithm.adv_estimator=remax", "adv_estimator=remax (a greedy explanation's reconstruction"),
+    ("algorithm.filter_groups.enable=true algorithm.filter_groups.metric=score", "algorithm.filter_groups (DAPO's dynamic sampling)"),
+])
+def test_rl_switches_the_nla_loop_does_not_take_are_refused(override, message):
+    cfg = run_file("runs/qwen_7b/rl_grpo", ["trainer.rollout_data_dir=null", *override.split()])
+    assert any(message in text for text in unimplemented_features(cfg))
