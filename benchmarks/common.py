@@ -47,10 +47,20 @@ SMOLLM2_135M_SHAPE = dict(arch="llama", hidden_size=576, intermediate_size=1536,
                           num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
                           max_position_embeddings=8192, rope_theta=100_000.0, rms_norm_eps=1e-5)
 
+# Qwen1.5-MoE-A2.7B's architecture (Qwen2-MoE: 60 routed experts, top-4, and a shared expert with its gate).
+QWEN15_MOE_A27B_SHAPE = dict(arch="qwen2_moe", hidden_size=2048, intermediate_size=5632, num_hidden_layers=24,
+                             num_attention_heads=16, num_key_value_heads=16, vocab_size=151936,
+                             tie_word_embeddings=False, max_position_embeddings=8192, rope_theta=1_000_000.0,
+                             rms_norm_eps=1e-6, num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
+                             shared_expert_intermediate_size=5632, decoder_sparse_step=1, norm_topk_prob=False)
+
 # Model shapes by name: config fields on top of ember's tiny model of the shape's `arch` (qwen2 by default;
 # hidden 64, 2 layers).
-SHAPES: dict[str, dict] = {"tiny": {}, "qwen2.5-0.5b": QWEN25_05B_SHAPE, "qwen2.5-1.5b": QWEN25_15B_SHAPE,
-                           "qwen2.5-7b": QWEN25_7B_SHAPE, "smollm2-135m": SMOLLM2_135M_SHAPE}
+SHAPES: dict[str, dict] = {"tiny": {}, "tiny-moe": {"arch": "qwen2_moe"}, "qwen2.5-0.5b": QWEN25_05B_SHAPE, "qwen2.5-1.5b": QWEN25_15B_SHAPE,
+                           "qwen2.5-7b": QWEN25_7B_SHAPE, "smollm2-135m": SMOLLM2_135M_SHAPE,
+                           "qwen1.5-moe-a2.7b": QWEN15_MOE_A27B_SHAPE,
+                           # its first 4 layers: 14B parameters with fp32 Adam do not fit one 80 GB GPU; 4 do
+                           "qwen1.5-moe-a2.7b-4l": dict(QWEN15_MOE_A27B_SHAPE, num_hidden_layers=4)}
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ember checkout holding benchmarks/
 

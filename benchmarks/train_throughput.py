@@ -34,6 +34,7 @@ not what). A setting that runs out of memory is reported as OOM.
 
     python benchmarks/train_throughput.py --out train_throughput.json   # GPU: Qwen2.5-0.5B shape
     python benchmarks/train_throughput.py --tiny                         # CPU smoke run, seconds
+    python benchmarks/train_throughput.py --shape qwen1.5-moe-a2.7b-4l --settings 5,14  # grouped experts vs a loop
 """
 
 from __future__ import annotations
@@ -143,6 +144,7 @@ class Setting:
     offload_policy: bool = False
     compile_layers: bool = False
     megatron: bool = False  # the Megatron engine (TP = PP = 1, distributed optimizer) instead of FSDP2
+    expert_loop: bool = False  # a MoE shape's experts as transformers' loop over experts, not grouped matmuls
 
     @property
     def needs_accelerator(self) -> bool:
@@ -169,6 +171,7 @@ SETTINGS = (
     Setting("megatron TP=1, padded", megatron=True),
     Setting("megatron TP=1, dynamic bsz", megatron=True, dynamic_bsz=True),
     Setting("megatron TP=1, dynamic bsz, no recompute", megatron=True, dynamic_bsz=True, gradient_checkpointing=False),
+    replace(ALL_ON, name=ALL_ON.name + ", MoE experts as a per-expert loop", expert_loop=True),
 )
 BASELINE, UNFUSED = SETTINGS[0].name, SETTINGS[3].name  # the rows the speed-up and the fused saving compare with
 
@@ -237,7 +240,8 @@ def build_actor(model_dir: str, setting: Setting, workload: TrainWorkload, optio
         attn_implementation=options.attn_implementation, enable_gradient_checkpointing=setting.gradient_checkpointing,
         use_remove_padding=setting.remove_padding, use_fused_kernels=setting.fused,
         param_offload=setting.offload, optimizer_offload=setting.offload, offload_policy=setting.offload_policy,
-        compile_layers=setting.compile_layers, seed=options.seed, optim=OptimOptions()))
+        compile_layers=setting.compile_layers, seed=options.seed, optim=OptimOptions(),
+        override_config={"_experts_implementation": "eager"} if setting.expert_loop else {}))
     spec = setting.micro_batch_spec(workload, options)
     return Actor(engine, ActorOptions(
         mini_batch_samples=len(batch), micro_batch=spec, log_prob_micro_batch=spec, ppo_epochs=1, shuffle=False,
@@ -428,8 +432,9 @@ def main(argv: list[str] | None = None) -> int:
     ) if args.workload in (workload.name, "both")]
     for workload in workloads:
         workload.check()
+    moe = SHAPES[args.shape or "tiny"].get("arch", "").endswith("_moe")
     settings = [setting for setting in chosen_settings(args.settings)
-                if accelerator_available() or not setting.needs_accelerator]
+                if (accelerator_available() or not setting.needs_accelerator) and (moe or not setting.expert_loop)]
     env = environment(args.commit or git_commit(REPO_DIR))
     summaries = []
     with tempfile.TemporaryDirectory(prefix="ember-train-bench-") as work_dir:
