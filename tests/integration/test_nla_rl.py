@@ -105,12 +105,16 @@ def test_nla_resumes_both_roles_from_its_checkpoint(tmp_path, model_dir):
 
 
 @pytest.mark.slow
-def test_the_forks_split_pools_put_the_reconstructor_on_its_own_ray_worker(tmp_path, model_dir, local_ray):
+@pytest.mark.parametrize("layout, pools", [
+    ("split", ["+ray_kwargs.resource_pool.actor_rollout.num_gpus=1", "+ray_kwargs.resource_pool.critic.num_gpus=1"]),
+    ("shared", []),  # no pools: both roles on both ranks, data-parallel, taking turns
+])
+def test_nla_on_two_ray_workers(tmp_path, model_dir, local_ray, layout, pools):
     train = write_parquet(rows(), tmp_path / "rl_train_layer1.parquet")
-    overrides = [*run_overrides(tmp_path, model_dir, train), "trainer.n_gpus_per_node=2", "trainer.device=cpu",
-                 "+ray_kwargs.resource_pool.actor_rollout.num_gpus=1", "+ray_kwargs.resource_pool.critic.num_gpus=1"]
+    overrides = [*run_overrides(tmp_path, model_dir, train), "trainer.n_gpus_per_node=2", "trainer.device=cpu", *pools]
     assert nla("train", "runs/qwen_7b/rl_grpo", *overrides) == 0
     lines = metric_lines(tmp_path / "run")
     assert [line["step"] for line in lines] == [1, 2]
     for line in lines:
         assert line["perf/critic/peak_memory_gb"] >= 0 and line["critic/grad_norm"] > 0 and "critic/fve" in line
+        assert line["nla/injections"] == 16
