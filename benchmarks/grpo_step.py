@@ -46,7 +46,8 @@ from ember.distributed.device import synchronize
 from ember.models.tiny import train_tiny_tokenizer
 from ember.rewards import RewardItem, resolve_reward_fn
 from ember.trainer.rl import RLTrainer
-from ember.trainer.rl_setup import build_components, compute_dtype
+from ember.trainer.rank_setup import compute_dtype
+from ember.trainer.rl_setup import build_components
 
 from common import (  # benchmarks/common.py: a script's own folder is on sys.path
     DATA_SOURCE,

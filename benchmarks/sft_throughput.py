@@ -55,7 +55,7 @@ from ember.engines.base import MicroBatchSpec
 from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
 from ember.engines.optim import OptimOptions
 from ember.models.tiny import train_tiny_tokenizer
-from ember.trainer.rl_setup import compute_dtype
+from ember.trainer.rank_setup import compute_dtype
 from ember.trainer.sft_step import sft_batch, sft_loss, sft_update
 
 from common import (  # benchmarks/common.py: a script's own folder is on sys.path

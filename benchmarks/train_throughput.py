@@ -58,7 +58,7 @@ from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
 from ember.engines.micro_batches import min_micro_batch_count, plan_micro_batches, used_extents
 from ember.engines.optim import OptimOptions
 from ember.models.tiny import train_tiny_tokenizer
-from ember.trainer.rl_setup import compute_dtype
+from ember.trainer.rank_setup import compute_dtype
 from ember.workers.actor import Actor, ActorOptions
 
 from common import (  # benchmarks/common.py: a script's own folder is on sys.path

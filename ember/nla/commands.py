@@ -95,7 +95,7 @@ def run_nla_eval(cfg: NLATrainConfig) -> int:
     from ember.nla.eval import eval_sampling, eval_sets, evaluate, read_eval_set, write_explanations
     from ember.nla.marker import choose_marker
     from ember.rollout.ember_rollout import EmberRollout
-    from ember.trainer.rl_setup import engine_config, load_tokenizer, stop_token_ids
+    from ember.trainer.rank_setup import engine_config, load_tokenizer, stop_token_ids
 
     model, evaluation = cfg.actor_rollout_ref.model, cfg.nla_eval
     tokenizer = load_tokenizer(cfg)

@@ -170,7 +170,7 @@ def summarize(sources: list[str], summarizer: SummarizerConfig, dtype: str, devi
     from ember.models.loading import resolve_dtype
     from ember.rollout.base import SamplingParams
     from ember.rollout.ember_rollout import EmberRollout
-    from ember.trainer.rl_setup import stop_token_ids
+    from ember.trainer.rank_setup import stop_token_ids
 
     tokenizer = AutoTokenizer.from_pretrained(summarizer.model_path)
     texts = [render_chat(tokenizer, [{"role": "user", "content": summarizer.prompt.format(source=source)}], True)

@@ -23,8 +23,9 @@ from ember.config.yaml_io import read_yaml_file
 from ember.errors import UserError
 from ember.trainer.checkpoint import CheckpointError, CheckpointProblem
 from ember.trainer.resume import check_engine_files, load_engines
-from ember.trainer.rl_setup import build_engine, check_model_path, megatron_section
-from ember.trainer.rl_setup import load_tokenizer as load_rl_tokenizer
+from ember.trainer.rank_setup import build_engine, megatron_section
+from ember.trainer.rank_setup import load_tokenizer as load_rl_tokenizer
+from ember.trainer.rl_setup import check_model_path
 from ember.trainer.sft import ENGINE_DIR
 from ember.trainer.sft import load_tokenizer as load_sft_tokenizer
 

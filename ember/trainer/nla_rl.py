@@ -32,7 +32,8 @@ from ember.trainer.dumps import sequence_advantages, write_generations
 from ember.trainer.metrics import timed
 from ember.trainer.nla_setup import build_nla_components
 from ember.trainer.rl import RLTrainer
-from ember.trainer.rl_setup import RLComponents, use_configured_device
+from ember.trainer.rank_setup import use_configured_device
+from ember.trainer.rl_setup import RLComponents
 from ember.workers.reconstructor import reconstruction_batch, reconstruction_metrics, squared_errors
 
 logger = logging.getLogger("ember.nla")

@@ -17,8 +17,8 @@ from ember.data.prompt_loader import PromptLoader
 from ember.nla.checks import model_hidden_size
 from ember.nla.data import NLAPromptDataset, vector_options
 from ember.nla.marker import choose_marker
-from ember.trainer.rl_setup import (RLComponents, build_worker_groups, load_tokenizer, run_noise_injection,
-                                    stop_token_ids, total_training_steps)
+from ember.trainer.rank_setup import load_tokenizer, run_noise_injection, stop_token_ids
+from ember.trainer.rl_setup import RLComponents, build_worker_groups, total_training_steps
 from ember.trainer.role_groups import ActorGroup, ReconstructorGroup, ReferenceGroup, RolloutGroup
 
 logger = logging.getLogger(__name__)

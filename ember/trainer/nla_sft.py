@@ -26,7 +26,7 @@ from ember.engines.base import MicroBatchSpec
 from ember.nla.checks import model_hidden_size
 from ember.nla.data import NLASFTDataset, NLASFTExample, vector_options
 from ember.nla.marker import choose_marker
-from ember.trainer.rl_setup import build_engine, use_configured_device
+from ember.trainer.rank_setup import build_engine, use_configured_device
 from ember.trainer.sft import SFTTrainer, check_sft_config, sft_optim_options
 from ember.trainer.sft_step import sft_batch, sft_loss
 from ember.workers.reconstructor import mse_loss, reconstruction_batch, squared_errors

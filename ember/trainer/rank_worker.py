@@ -21,7 +21,7 @@ class RankWorker:
     """The roles of one rank; `call(role, method, ...)` runs a role's method here."""
 
     def __init__(self, cfg: EmberConfig, roles: Sequence[str], total_steps: int):
-        from ember.trainer.rl_setup import build_rank_roles, use_configured_device
+        from ember.trainer.rank_setup import build_rank_roles, use_configured_device
 
         use_configured_device(cfg.trainer.device)
         # this rank's process group (a one-rank group in the driver's process)

@@ -32,7 +32,8 @@ from ember.trainer.experiment_trackers import TrackedRun
 from ember.trainer.faults import BadStepGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.metrics import compute_data_metrics, compute_timing_metrics, timed
-from ember.trainer.rl_setup import RLComponents, build_components, use_configured_device
+from ember.trainer.rank_setup import use_configured_device
+from ember.trainer.rl_setup import RLComponents, build_components
 from ember.trainer.resume import resume_from_checkpoint
 from ember.trainer.run_state import save_run_state
 from ember.trainer.summary import finish_rl_run

@@ -43,8 +43,8 @@ from ember.trainer.faults import BadStepGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.plot import plot_curves
 from ember.trainer.resume import resume_from_checkpoint
-from ember.trainer.rl_setup import (build_engine, megatron_section, check_data_files, check_model_path, check_output_dir,
-                                    use_configured_device)
+from ember.trainer.rank_setup import build_engine, megatron_section, use_configured_device
+from ember.trainer.rl_setup import check_data_files, check_model_path, check_output_dir
 from ember.trainer.run_state import save_run_state
 from ember.trainer.sft_step import sft_eval_sums, sft_update
 

@@ -120,7 +120,7 @@ def test_vllm_and_sglang_names_run_on_embers_engine():
 
 
 def test_the_stand_in_note_names_what_it_honours_and_what_it_does_not():
-    from ember.trainer.rl_setup import stand_in_note
+    from ember.trainer.rank_setup import stand_in_note
 
     rollout = load_config([f"{A}.rollout.name=vllm", f"{A}.rollout.load_format=safetensors",
                            f"+{A}.rollout.engine_kwargs.vllm.swap_space=4"]).actor_rollout_ref.rollout

@@ -5,7 +5,7 @@ import torch
 
 from ember.config import ConfigError
 from ember.distributed import device
-from ember.trainer.rl_setup import use_configured_device
+from ember.trainer.rank_setup import use_configured_device
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,268 @@
+"""Builds what one process of a run holds, from the configuration: its engines (FSDP2 or Megatron), the
+roles placed on it (`build_rank_roles`: actor and rollout, reference, critic or NLA's reconstructor) and
+the pieces both sides read (the tokenizer and its stop tokens, the compute dtype, the device).
+
+Each builder reads only its own config slice and hands plain options to the component, so the
+components never see the whole configuration. The driver's side (data, pools, worker groups) is
+`rl_setup.py`; a worker process builds its roles here (`rank_worker.py`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+from ember.algorithms import ClipConfig
+from ember.config import ConfigError
+from ember.config.schema import EmberConfig
+from ember.config.schema.rollout import STAND_IN_NAMES
+from ember.distributed.device import current_device, device_type, request_device, world_size
+from ember.engines.base import MicroBatchSpec, TrainEngine
+from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
+from ember.engines.optim import OptimOptions
+from ember.inference.config import EngineConfig
+from ember.models.loading import build_model_on_meta, load_model_config, resolve_dtype
+from ember.rollout import build_rollout
+from ember.workers.actor import Actor, ActorOptions
+from ember.workers.critic import Critic, CriticOptions
+from ember.workers.noise_injection import NoiseInjection, build_noise_injection
+from ember.workers.reconstructor import Reconstructor, ReconstructorOptions
+from ember.workers.reference import Reference
+from ember.workers.rollout import PolicyRollout
+
+logger = logging.getLogger(__name__)
+
+
+def use_configured_device(name: str) -> None:
+    """Compute on `trainer.device` (auto, cpu, or this machine's accelerator type); any other is a config error."""
+    try:
+        request_device(name)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def compute_dtype(configured: str) -> str:
+    """`auto` means bfloat16 on an accelerator and float32 on the CPU."""
+    if configured != "auto":
+        return configured
+    return "float32" if device_type() == "cpu" else "bfloat16"
+
+
+def load_tokenizer(cfg: EmberConfig) -> PreTrainedTokenizerBase:
+    model = cfg.actor_rollout_ref.model
+    path = cfg.data.tokenizer or model.tokenizer_path or model.path
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code)
+    if tokenizer.pad_token_id is None:  # e.g. Llama/SmolLM2 tokenizers: pad with EOS
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def stop_token_ids(model_path: str, tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """EOS ids from the tokenizer and the checkpoint's generation config (chat models end
+    turns with their own token, e.g. <|im_end|>)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    if os.path.exists(os.path.join(model_path, "generation_config.json")):
+        configured = GenerationConfig.from_pretrained(model_path).eos_token_id
+        ids.update(configured if isinstance(configured, list) else [configured] if configured is not None else [])
+    if not ids:
+        raise ValueError(f"neither the tokenizer nor {model_path}/generation_config.json names an EOS token; "
+                         "set eos_token in the tokenizer config")
+    return sorted(ids)
+
+
+def optimizer_steps_per_rl_step(cfg: EmberConfig, ppo_epochs: int, mini_batch_size: int) -> int:
+    """Optimizer steps one RL step makes: verl counts schedules in RL steps, the engine in updates."""
+    return ppo_epochs * max(cfg.data.train_batch_size // mini_batch_size, 1)
+
+
+def optim_options(optim, grad_clip: float, total_rl_steps: int, updates_per_step: int) -> OptimOptions:
+    scheduler = optim.warmup_style or optim.lr_scheduler_type
+    warmup = optim.lr_warmup_steps * updates_per_step if optim.lr_warmup_steps >= 0 else -1
+    return OptimOptions(lr=optim.lr, weight_decay=optim.weight_decay, betas=tuple(optim.betas), clip_grad=grad_clip,
+                        lr_warmup_steps=warmup, lr_warmup_steps_ratio=optim.lr_warmup_steps_ratio,
+                        lr_scheduler_type=scheduler, min_lr_ratio=optim.min_lr_ratio, num_cycles=optim.num_cycles,
+                        total_training_steps=total_rl_steps * updates_per_step)
+
+
+def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: OptimOptions | None, seed: int, *,
+                 use_remove_padding: bool = False, use_fused_kernels: bool = False,
+                 compile_layers: bool = False, megatron=None, **nla) -> TrainEngine:
+    """The engine for `role`: Megatron when the role's `megatron` section is given (its strategy
+    is megatron), else FSDP2. The speed switches come from wherever the caller's config keeps
+    them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT; compiling
+    from `actor.use_torch_compile`); the Megatron engine computes on padded batches and takes
+    none of them. `nla`: the FSDP engine's NLA options (injection_mode; output_layer_index and
+    truncate_at_layer of a reconstructor)."""
+    if megatron is not None:
+        if nla or role == "reconstructor":
+            raise ValueError("NLA on strategy megatron is not implemented yet; use strategy fsdp2")
+        from ember.engines.megatron.engine import MegatronEngine
+        from ember.engines.megatron.options import megatron_options
+
+        ignored = [name for name, on in (("use_remove_padding", use_remove_padding), ("use_fused_kernels", use_fused_kernels),
+                                         ("use_torch_compile", compile_layers)) if on]
+        if ignored:
+            logger.info("%s on strategy megatron: %s do not apply (it runs padded micro-batches or token budgets)",
+                        role, ", ".join(ignored))
+        return MegatronEngine(megatron_options(model_path, role, megatron, optim))
+    return FSDPEngine(EngineOptions(
+        model_path=model_path, role=role, model_dtype=fsdp_config.model_dtype,
+        param_dtype=compute_dtype(model_cfg.dtype), attn_implementation=model_cfg.attn_implementation,
+        enable_gradient_checkpointing=model_cfg.enable_gradient_checkpointing and role != "ref",
+        use_remove_padding=use_remove_padding, use_fused_kernels=use_fused_kernels,
+        reshard_after_forward=fsdp_config.reshard_after_forward, param_offload=fsdp_config.param_offload,
+        optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy,
+        compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions(),
+        override_config=dict(getattr(model_cfg, "override_config", None) or {}), **nla))
+
+
+def run_noise_injection(cfg: EmberConfig, total_steps: int) -> NoiseInjection | None:
+    """`trainer.noise_injection` resolved against the actor's architecture (an empty HF model of its
+    config, so the weights' names and module types are the ones the weight stream carries)."""
+    if not cfg.trainer.noise_injection.enabled:
+        return None
+    model = build_model_on_meta(load_model_config(cfg.actor_rollout_ref.model.path))
+    return build_noise_injection(cfg.trainer.noise_injection, model, total_steps, cfg.trainer.seed)
+
+
+def stand_in_note(rollout_cfg) -> str:
+    """What a run with `rollout.name` vllm or sglang is told: ember's engine runs in its place, with
+    the keys it honours, and the set keys it does not."""
+    name = rollout_cfg.name
+    ignored = [f"load_format={rollout_cfg.load_format}"] if rollout_cfg.load_format != "dummy_dtensor" else []
+    ignored += [f"engine_kwargs.{name}.{key}" for key in sorted(rollout_cfg.engine_kwargs.get(name) or {})]
+    ignored += ["layered_summon=true"] if rollout_cfg.layered_summon else []
+    note = (f"actor_rollout_ref.rollout.name={name}: ember's own engine generates in its place, honouring "
+            "gpu_memory_utilization, enforce_eager, free_cache_engine, max_num_batched_tokens, max_num_seqs, "
+            "enable_chunked_prefill and the sampling keys (set rollout.require_named_engine=true to stop instead)")
+    return note + (f"; not applied: {', '.join(ignored)}" if ignored else "")
+
+
+def megatron_section(role_cfg):
+    """The role's `megatron` section when its strategy is megatron (its defaults when the section
+    is absent), else None (FSDP2)."""
+    if role_cfg.strategy != "megatron":
+        return None
+    from ember.config.schema.megatron import MegatronConfig
+
+    return role_cfg.megatron or MegatronConfig()
+
+
+def micro_batch_spec(use_dynamic_bsz: bool, max_token_len: int, micro_batch_size: int | None,
+                     default_size: int) -> MicroBatchSpec:
+    """A token budget with dynamic batch size, else the configured sample count (null: `default_size`)."""
+    if use_dynamic_bsz:
+        return MicroBatchSpec(max_token_len=max_token_len)
+    return MicroBatchSpec(size=micro_batch_size or default_size)
+
+
+def engine_config(rollout) -> EngineConfig:
+    """ember's generation engine sized from `actor_rollout_ref.rollout`."""
+    max_model_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
+    budget = rollout.max_num_batched_tokens
+    if not rollout.enable_chunked_prefill:  # then one step must hold a whole sequence
+        budget = max(budget, max_model_len)
+    return EngineConfig(max_model_len=max_model_len, max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=budget,
+                        enable_chunked_prefill=rollout.enable_chunked_prefill,
+                        gpu_memory_utilization=rollout.gpu_memory_utilization,
+                        dtype=resolve_dtype(compute_dtype(rollout.dtype)), device=str(current_device()),
+                        use_cuda_graphs=not rollout.enforce_eager)
+
+
+def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int) -> dict[str, object]:
+    """The roles one process holds (see `rank_worker.py`), each sized for its data-parallel share:
+    "actor" (with "rollout" beside it), "reference", "critic"."""
+    arr = cfg.actor_rollout_ref
+    model_path = arr.model.path
+    n = arr.rollout.n
+    dp_size = world_size()
+    batch_samples = cfg.data.train_batch_size * n
+    speed_switches = dict(use_remove_padding=arr.model.use_remove_padding,
+                          use_fused_kernels=arr.model.use_fused_kernels, compile_layers=arr.actor.use_torch_compile)
+    nla = getattr(cfg, "nla", None)  # an NLA run (`ember nla train`): vectors injected in the actor's forwards
+    if nla is not None:
+        speed_switches["injection_mode"] = nla.injection.mode
+    built: dict[str, object] = {}
+    if "actor" in roles:
+        actor_cfg, rollout_cfg = arr.actor, arr.rollout
+        actor_updates = optimizer_steps_per_rl_step(cfg, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size)
+        actor_engine = build_engine(model_path, "actor", arr.model, actor_cfg.fsdp_config,
+                                    optim_options(actor_cfg.optim, actor_cfg.grad_clip, total_steps, actor_updates),
+                                    seed=cfg.trainer.seed, megatron=megatron_section(actor_cfg), **speed_switches)
+        mini_batch_samples = actor_cfg.ppo_mini_batch_size * n // dp_size
+        actor = Actor(actor_engine, ActorOptions(
+            mini_batch_samples=mini_batch_samples,
+            micro_batch=micro_batch_spec(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
+                                         actor_cfg.ppo_micro_batch_size_per_gpu, mini_batch_samples),
+            log_prob_micro_batch=micro_batch_spec(rollout_cfg.log_prob_use_dynamic_bsz,
+                                                  rollout_cfg.log_prob_max_token_len_per_gpu,
+                                                  rollout_cfg.log_prob_micro_batch_size_per_gpu, batch_samples),
+            ppo_epochs=actor_cfg.ppo_epochs, shuffle=actor_cfg.shuffle, policy_loss=actor_cfg.policy_loss.loss_mode,
+            clip=ClipConfig(clip_ratio=actor_cfg.clip_ratio, clip_ratio_low=actor_cfg.clip_ratio_low,
+                            clip_ratio_high=actor_cfg.clip_ratio_high, clip_ratio_c=actor_cfg.clip_ratio_c),
+            loss_agg_mode=actor_cfg.loss_agg_mode, entropy_coeff=actor_cfg.entropy_coeff,
+            use_kl_loss=actor_cfg.use_kl_loss, kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
+            temperature=rollout_cfg.temperature, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
+        tokenizer = load_tokenizer(cfg)
+        name = rollout_cfg.engine
+        if rollout_cfg.name in STAND_IN_NAMES:  # (NLA's nla_sglang says so in its own note)
+            logger.warning(stand_in_note(rollout_cfg))
+        engine = build_rollout(name, actor_engine.module() if name == "hf" else None, tokenizer.pad_token_id,
+                               max_batch_size=rollout_cfg.max_num_seqs, model_path=model_path,
+                               engine_config=engine_config(rollout_cfg) if name == "ember" else None)
+        noise = run_noise_injection(cfg, total_steps)
+        if name == "ember" and actor_engine.syncs_live_parameters and noise is None:
+            engine.share_training_weights()  # the actor's tensors themselves become the engine's weights
+        built["actor"] = actor
+        built["rollout"] = PolicyRollout(engine, actor, free_cache_engine=rollout_cfg.free_cache_engine, noise=noise)
+    if "reference" in roles:
+        ref_cfg = arr.ref
+        engine = build_engine(model_path, "ref", arr.model, ref_cfg.fsdp_config, None, seed=cfg.trainer.seed,
+                              megatron=megatron_section(ref_cfg), **speed_switches)
+        built["reference"] = Reference(engine, micro_batch_spec(
+            ref_cfg.log_prob_use_dynamic_bsz, ref_cfg.log_prob_max_token_len_per_gpu,
+            ref_cfg.log_prob_micro_batch_size_per_gpu, batch_samples), temperature=arr.rollout.temperature)
+    if "critic" in roles and nla is not None:
+        built["critic"] = build_reconstructor(cfg, total_steps)
+    elif "critic" in roles:
+        critic_cfg = cfg.critic
+        critic_updates = optimizer_steps_per_rl_step(cfg, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size)
+        critic_engine = build_engine(critic_cfg.model.path, "critic", critic_cfg.model, critic_cfg.model.fsdp_config,
+                                     optim_options(critic_cfg.optim, critic_cfg.grad_clip, total_steps, critic_updates),
+                                     seed=cfg.trainer.seed, use_remove_padding=critic_cfg.model.use_remove_padding)
+        mini_batch_samples = critic_cfg.ppo_mini_batch_size * n // dp_size
+        critic_micro = critic_cfg.ppo_micro_batch_size_per_gpu or mini_batch_samples
+        built["critic"] = Critic(critic_engine, CriticOptions(
+            mini_batch_samples=mini_batch_samples,
+            micro_batch=micro_batch_spec(critic_cfg.use_dynamic_bsz, critic_cfg.ppo_max_token_len_per_gpu,
+                                         critic_micro, critic_micro),
+            forward_micro_batch=micro_batch_spec(critic_cfg.use_dynamic_bsz, critic_cfg.forward_max_token_len_per_gpu,
+                                                 critic_cfg.forward_micro_batch_size_per_gpu, critic_micro),
+            ppo_epochs=critic_cfg.ppo_epochs, shuffle=critic_cfg.shuffle, cliprange_value=critic_cfg.cliprange_value,
+            loss_agg_mode=critic_cfg.loss_agg_mode, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
+    for role in ("actor", "reference", "critic"):  # param/optimizer_offload: on the device only in its phases
+        if role in built:
+            built[role].engine.offload()
+    return built
+
+
+def build_reconstructor(cfg: EmberConfig, total_steps: int) -> Reconstructor:
+    """This rank's reconstructor, sized for its data-parallel share of the critic's batches."""
+    critic = cfg.critic
+    n = cfg.actor_rollout_ref.rollout.n
+    updates = optimizer_steps_per_rl_step(cfg, critic.ppo_epochs, critic.ppo_mini_batch_size)
+    engine = build_engine(critic.model.path, "reconstructor", critic.model, critic.model.fsdp_config,
+                          optim_options(critic.optim, critic.grad_clip, total_steps, updates), seed=cfg.trainer.seed,
+                          use_remove_padding=critic.model.use_remove_padding,
+                          output_layer_index=critic.output_layer_index,
+                          truncate_at_layer=critic.model.truncate_at_layer)
+    mini_batch_samples = critic.ppo_mini_batch_size * n // world_size()
+    micro = critic.ppo_micro_batch_size_per_gpu or mini_batch_samples
+    return Reconstructor(engine, ReconstructorOptions(
+        mini_batch_samples=mini_batch_samples,
+        micro_batch=micro_batch_spec(critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu, micro, micro),
+        forward_micro_batch=micro_batch_spec(critic.use_dynamic_bsz, critic.forward_max_token_len_per_gpu,
+                                             critic.forward_micro_batch_size_per_gpu, micro),
+        ppo_epochs=critic.ppo_epochs, shuffle=critic.shuffle, seed=cfg.trainer.seed))
