@@ -49,10 +49,11 @@ def prediction_module(model: nn.Module, layer_index: int | None) -> nn.Module:
     """The module whose output is `hidden_states[layer_index]` (see the module docstring)."""
     body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
     full = full_layer_count(model.config)
-    index = full if layer_index is None or layer_index == -1 else layer_index
-    if not 0 <= index <= full:
+    index = full if layer_index is None else layer_index
+    if not -(full + 1) <= index <= full:
         raise ValueError(f"output_layer_index={layer_index}: the model has {full} decoder layers, so use 0..{full} "
-                         "or -1 (the last)")
+                         f"or -{full + 1}..-1 counted from the end (-1 = the last)")
+    index %= full + 1  # hidden_states has full + 1 entries
     if index == 0:
         return model.get_input_embeddings()
     layers = body.layers

@@ -19,6 +19,7 @@ from ember.config.schema.nla_sft import NLASFTConfig
 from ember.config.schema.nla_train import NLA_ROLLOUT_NAME, NLATrainConfig
 from ember.nla.data import activation_layers
 from ember.nla.eval import eval_sets
+from ember.models.reconstructor import full_layer_count
 from ember.nla.marker import check_recorded_marker, choose_marker
 
 logger = logging.getLogger(__name__)
@@ -27,9 +28,23 @@ CRITIC_PROMPT_MAX_TOKENS = 128  # the fork's limit on critic.critic_prompt
 
 
 def model_layer_count(path: str, trust_remote_code: bool = False) -> int:
-    """Decoder layers of the model at `path` (its config.json; the text model's, for a multimodal one)."""
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    return config.get_text_config().num_hidden_layers
+    """Decoder layers of the model at `path` (its config.json; the text model's, for a multimodal one); for a
+    reconstructor exported after a cut, the layers of the model it was cut from (hidden_states indices keep
+    their meaning)."""
+    return model_layer_counts(path, trust_remote_code)[0]
+
+
+def model_layer_counts(path: str, trust_remote_code: bool = False) -> tuple[int, int]:
+    """(decoder layers of the full model, decoder layers the folder holds): equal unless it is a cut reconstructor."""
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code).get_text_config()
+    return full_layer_count(config), config.num_hidden_layers
+
+
+def check_kept_layer(key: str, layer: int, full: int, kept: int, model: str) -> None:
+    """A critic that keeps only its first `kept` of `full` decoder layers can read hidden_states[0..kept] only."""
+    if kept < full and layer > kept:
+        raise ConfigError(f"{key} reads hidden_states[{layer}], but the critic keeps only its first {kept} of {full} "
+                          f"decoder layers ({model}, or truncate_at_layer); use an index of at most {kept}")
 
 
 def model_hidden_size(path: str, trust_remote_code: bool = False) -> int:
@@ -101,9 +116,17 @@ def check_nla_train_start(cfg: NLATrainConfig) -> None:
     check_data_markers(data_files, cfg.data.tokenizer or model.tokenizer_path or model.path,
                        cfg.nla.injection.injection_token, model.trust_remote_code)
     critic = cfg.critic
-    num_layers = model_layer_count(critic.model.path, critic.model.trust_remote_code)
-    check_truncation("critic.model.truncate_at_layer", critic.model.truncate_at_layer, num_layers, critic.model.path)
+    num_layers, kept = model_layer_counts(critic.model.path, critic.model.trust_remote_code)
+    check_truncation("critic.model.truncate_at_layer", critic.model.truncate_at_layer, kept, critic.model.path)
     layer = resolve_layer_index("critic.output_layer_index", critic.output_layer_index, num_layers, critic.model.path)
+    check_kept_layer("critic.output_layer_index", layer, num_layers,
+                     min(kept, critic.model.truncate_at_layer or kept), critic.model.path)
+    actor_size = model_hidden_size(model.path, model.trust_remote_code)
+    critic_size = model_hidden_size(critic.model.path, critic.model.trust_remote_code)
+    if actor_size != critic_size:
+        raise ConfigError(f"the critic's hidden size is {critic_size} ({critic.model.path}) and the actor's {actor_size} "
+                          f"({model.path}): the critic predicts the vectors the actor reads, so both must come from "
+                          "models of one hidden size")
     check_vector_layer("data.train_files", cfg.data.train_files, layer, "critic.output_layer_index")
     if cfg.data.val_files is not None:
         check_vector_layer("data.val_files", cfg.data.val_files, layer, "critic.output_layer_index")
@@ -132,10 +155,11 @@ def check_nla_sft_start(cfg: NLASFTConfig) -> None:
     critic = cfg.nla.critic
     path = critic.model_path or cfg.model.partial_pretrain
     check_model_path("nla.critic.model_path", path)
-    num_layers = model_layer_count(path, cfg.model.trust_remote_code)
-    if critic.truncate_layers is not None and critic.truncate_layers > 0:
-        check_truncation("nla.critic.truncate_layers", critic.truncate_layers, num_layers, path)
+    num_layers, kept = model_layer_counts(path, cfg.model.trust_remote_code)
+    keep = critic.truncate_layers if critic.truncate_layers is not None and critic.truncate_layers > 0 else None
+    check_truncation("nla.critic.truncate_layers", keep, kept, path)
     layer = resolve_layer_index("nla.critic.output_layer_index", critic.output_layer_index, num_layers, path)
+    check_kept_layer("nla.critic.output_layer_index", layer, num_layers, min(kept, keep or kept), path)
     check_vector_layer("data.train_files", cfg.data.train_files, layer, "nla.critic.output_layer_index")
 
 

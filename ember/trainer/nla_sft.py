@@ -34,25 +34,29 @@ from ember.workers.reconstructor import mse_loss, reconstruction_batch, squared_
 logger = logging.getLogger("ember.nla")
 
 
-def nla_sft_batch(examples: list[NLASFTExample | None], pad_token_id: int) -> Batch:
-    """The actor's SFT batch (`sft_step.sft_batch`: the loss on the response) with each vector at its marker; a
-    None (padding for the ranks) repeats the first example with no loss."""
-    first = next(example for example in examples if example is not None)
-    filled = [example or first for example in examples]
+PADDING_INDEX = -1
+"""`NLASFTExample.index` of a copy that only evens out the ranks' validation work (it counts for nothing)."""
+
+
+def counts(example: NLASFTExample) -> bool:
+    return example.index != PADDING_INDEX
+
+
+def nla_sft_batch(examples: list[NLASFTExample], pad_token_id: int) -> Batch:
+    """The actor's SFT batch (`sft_step.sft_batch`: the loss on the response) with each vector at its marker;
+    padding copies carry no loss."""
     batch = sft_batch([SFTExample(e.prompt_ids + e.response_ids,
-                                  [0] * len(e.prompt_ids) + [int(original is not None)] * len(e.response_ids))
-                       for e, original in zip(filled, examples)], pad_token_id)
-    return batch.with_fields(activation_vectors=torch.stack([example.vector for example in filled]),
-                             injection_positions=torch.tensor([example.marker_position for example in filled]))
+                                  [0] * len(e.prompt_ids) + [int(counts(e))] * len(e.response_ids))
+                       for e in examples], pad_token_id)
+    return batch.with_fields(activation_vectors=torch.stack([example.vector for example in examples]),
+                             injection_positions=torch.tensor([example.marker_position for example in examples]))
 
 
-def critic_sft_batch(examples: list[NLASFTExample | None], pad_token_id: int) -> tuple[Batch, torch.Tensor]:
-    """The reconstructor's batch of the responses alone, and a [B] weight (0 for padding)."""
-    first = next(example for example in examples if example is not None)
-    filled = [example or first for example in examples]
-    batch = reconstruction_batch([], [example.response_ids for example in filled],
-                                 torch.stack([example.vector for example in filled]), pad_token_id)
-    return batch, torch.tensor([float(example is not None) for example in examples])
+def critic_sft_batch(examples: list[NLASFTExample], pad_token_id: int) -> tuple[Batch, torch.Tensor]:
+    """The reconstructor's batch of the responses alone, and a [B] weight (0 for padding copies)."""
+    batch = reconstruction_batch([], [example.response_ids for example in examples],
+                                 torch.stack([example.vector for example in examples]), pad_token_id)
+    return batch, torch.tensor([float(counts(example)) for example in examples])
 
 
 class NLASFTTrainer(SFTTrainer):
@@ -85,7 +89,7 @@ class NLASFTTrainer(SFTTrainer):
         critic = cfg.nla.critic
         lr = cfg.nla.critic_lr if cfg.nla.critic_lr is not None else cfg.optim.lr
         optim = sft_optim_options(dataclasses.replace(cfg.optim, lr=lr), self.total_steps)
-        keep = critic.truncate_layers if critic.truncate_layers else None
+        keep = critic.truncate_layers if critic.truncate_layers and critic.truncate_layers > 0 else None  # <= 0: all
         return build_engine(critic.model_path or cfg.model.partial_pretrain, "reconstructor", cfg.model,
                             cfg.model.fsdp_config, optim, seed=cfg.trainer.seed,
                             use_remove_padding=cfg.use_remove_padding, output_layer_index=critic.output_layer_index,
@@ -98,7 +102,7 @@ class NLASFTTrainer(SFTTrainer):
             return self.engine.train_mini_batch(batch, mse_loss, self.micro_batches)
         return self.engine.train_mini_batch(nla_sft_batch(examples, pad), sft_loss, self.micro_batches)
 
-    def eval_sums(self, examples: list[NLASFTExample | None]) -> tuple[float, int]:
+    def eval_sums(self, examples: list[NLASFTExample]) -> tuple[float, int]:
         """The critic's summed MSE over its examples, or the actor's summed NLL over response tokens."""
         pad = self.tokenizer.pad_token_id
         spec = MicroBatchSpec.of(self.micro_batches)
@@ -123,8 +127,9 @@ class NLASFTTrainer(SFTTrainer):
     def example_tokens(example: NLASFTExample) -> int:
         return len(example.prompt_ids) + len(example.response_ids)
 
-    def pad_for_ranks(self, examples: list) -> list:
-        return examples + [None] * (-len(examples) % self.dp_size)
+    def pad_for_ranks(self, examples: list[NLASFTExample]) -> list[NLASFTExample]:
+        padding = dataclasses.replace(examples[0], index=PADDING_INDEX)
+        return examples + [padding] * (-len(examples) % self.dp_size)
 
 
 def run_nla_sft(cfg: NLASFTConfig) -> int:

@@ -36,14 +36,13 @@ class ReconstructorOptions:
 
 def reconstruction_batch(critic_prompt_ids: Sequence[int], responses: Sequence[Sequence[int]], targets: Tensor,
                          pad_token_id: int) -> Batch:
-    """The reconstructor's batch: `critic_prompt_ids` + each response (the last response token as the
-    one-column "response", so every sample's last real token sits in the last column), targets as
+    """The reconstructor's batch: `critic_prompt_ids` + each response as the left-padded "prompt", so every
+    sample's last real token sits in the last prompt column, and one empty response column; targets as
     `activation_vectors`."""
     if any(not response for response in responses):
         raise ValueError("an empty response leaves the reconstructor no token to read the vector at")
-    prompts = [list(critic_prompt_ids) + list(response[:-1]) for response in responses]
-    batch = Batch.from_rollout(prompts, [[response[-1]] for response in responses], pad_token_id=pad_token_id,
-                               prompt_length=max(1, max(len(prompt) for prompt in prompts)))
+    batch = Batch.from_rollout([list(critic_prompt_ids) + list(response) for response in responses],
+                               [[] for _ in responses], pad_token_id=pad_token_id, response_length=1)
     return batch.with_fields(activation_vectors=targets.float())
 
 

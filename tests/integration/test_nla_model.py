@@ -138,7 +138,7 @@ def hf_hidden_at_last_token(model, batch, layer):
     return hidden[torch.arange(len(batch)), last]
 
 
-@pytest.mark.parametrize("layer", [0, 1, 2, -1])
+@pytest.mark.parametrize("layer", [0, 1, 2, -1, -2])
 @pytest.mark.parametrize("packed", [False, True])
 def test_reconstructor_predicts_hidden_states_at_the_last_token(model_dir, layer, packed):
     batch = make_batch(samples=4)
@@ -210,3 +210,31 @@ def test_reconstructor_trains_only_what_its_prediction_reads(model_dir):
     for name, parameter in engine.model.named_parameters():
         now = parameter.detach().to_local() if hasattr(parameter, "to_local") else parameter.detach()
         assert torch.equal(now, before[name]) == (name not in names), name
+
+
+def test_a_one_token_explanation_without_a_critic_prompt_is_read_at_that_token(model_dir):
+    from ember.workers.reconstructor import reconstruction_batch
+
+    responses = [[5], [6, 7, 8]]
+    batch = reconstruction_batch([], responses, torch.zeros(2, HIDDEN), pad_token_id=0)
+    predicted = FSDPEngine(engine_options(model_dir, role="reconstructor", output_layer_index=1)).forward(
+        batch, micro_batch_size=2).predictions
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    with torch.no_grad():
+        expected = torch.stack([model(input_ids=torch.tensor([response]), output_hidden_states=True).hidden_states[1][0, -1]
+                                for response in responses])
+    torch.testing.assert_close(predicted, expected, atol=1e-5, rtol=0)
+
+
+def test_sft_padding_copies_count_for_nothing():
+    import dataclasses as dc
+
+    from ember.nla.data import NLASFTExample
+    from ember.trainer.nla_sft import PADDING_INDEX, critic_sft_batch, nla_sft_batch
+
+    example = NLASFTExample([3, 4, 5], [6, 7, 1], 1, torch.ones(HIDDEN), 0, "x")
+    padding = dc.replace(example, index=PADDING_INDEX)
+    _, weights = critic_sft_batch([example, padding], pad_token_id=0)
+    assert weights.tolist() == [1.0, 0.0]
+    batch = nla_sft_batch([example, padding], pad_token_id=0)
+    assert batch.response_mask[0].sum() == 3 and batch.response_mask[1].sum() == 0

@@ -135,3 +135,16 @@ def test_notes_on_keys_that_mean_something_else_in_ember():
     assert notes[1].startswith("engine_kwargs.sglang: SGLang's arguments do not apply to ember's engine")
     assert len(nla_run_notes(load_config(["actor_rollout_ref.rollout.name=ember"], config_name="nla_grpo_full",
                                          schema=NLATrainConfig))) == 0
+
+
+def test_a_critic_of_another_hidden_size_and_a_layer_a_cut_critic_lacks_are_named(tmp_path, model_dir, capsys):
+    from ember.nla.checks import check_kept_layer
+    from ember.config import ConfigError
+
+    other = make_nla_model_dir(tmp_path / "other", hidden_size=32)
+    assert nla("train", "--config-name", "runs/qwen_7b/rl_grpo", *tiny_run(tmp_path, model_dir),
+               f"critic.model.path={other}") == 2
+    assert "the critic's hidden size is 32" in capsys.readouterr().err
+    check_kept_layer("critic.output_layer_index", 2, 2, 2, "m")
+    with pytest.raises(ConfigError, match="keeps only its first 1 of 2 decoder layers"):
+        check_kept_layer("critic.output_layer_index", 2, 2, 1, "m")
