@@ -123,3 +123,7 @@ def _run_export(args: argparse.Namespace) -> int:
 
     export_checkpoint(args.checkpoint_dir, args.output_dir)
     return 0
+
+
+if __name__ == "__main__":  # `python -m ember.cli ...`, as `python -m ember ...`
+    raise SystemExit(main())

@@ -62,6 +62,12 @@ def test_unknown_key_exits_2_with_suggestion_through_python_m_ember():
     assert result.stderr.startswith("error: unknown key actor_rollout_ref.actor.ppo_mini_batch; did you mean ppo_mini_batch_size")
 
 
+@pytest.mark.parametrize("module", ["ember", "ember.cli"])
+def test_python_m_runs_the_command(module):
+    result = subprocess.run([sys.executable, "-m", module, "nla", "--help"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and result.stdout.startswith("usage: ember nla")
+
+
 def test_bad_value_exits_2(capsys):
     assert main(["train", "data.train_batch_size=abc", "--print-config"]) == 2
     assert "error: invalid value for data.train_batch_size: 'abc' (expected an integer)" in capsys.readouterr().err
