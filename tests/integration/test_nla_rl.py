@@ -118,3 +118,18 @@ def test_nla_on_two_ray_workers(tmp_path, model_dir, local_ray, layout, pools):
     for line in lines:
         assert line["perf/critic/peak_memory_gb"] >= 0 and line["critic/grad_norm"] > 0 and "critic/fve" in line
         assert line["nla/injections"] == 16
+
+
+def test_nla_eval_runs_during_training_at_the_forks_steps(tmp_path, model_dir):
+    train = write_parquet(rows(), tmp_path / "rl_train_layer1.parquet")
+    eval_set = write_parquet([{"source_prompt": "the cat", "activation_vector": [0.1] * 64,
+                               "expected_completions": ["cat"], "description": "animals_1"}] * 2,
+                             tmp_path / "eval.parquet")
+    overrides = [*run_overrides(tmp_path, model_dir, train, steps=3), "nla_eval.enabled=true", "~nla_eval.eval_files",
+                 f"nla_eval.eval_file={eval_set}", "nla_eval.freq=10", "nla_eval.max_new_tokens=4",
+                 "nla_eval.num_generations_per_prompt=2"]
+    assert nla("train", "runs/qwen_7b/rl_grpo", *overrides) == 0
+    evaluated = [line["step"] for line in metric_lines(tmp_path / "run") if "nla_eval/default/accuracy" in line]
+    assert evaluated == [1, 3]  # step 1, every 10, and the last
+    for step in (1, 3):
+        assert len((tmp_path / "run" / "nla_eval" / "default" / f"{step}.jsonl").read_text().splitlines()) == 4
