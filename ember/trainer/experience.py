@@ -48,7 +48,8 @@ class Scores:
     """Rewards of an experience batch and what the reward manager reported."""
 
     scores: torch.Tensor  # [B] sequence rewards
-    accuracies: torch.Tensor  # [B] the reward function's `acc` where it gives one, else the score
+    accuracies: torch.Tensor | None  # [B] the reward function's `acc` where it gives one, else the score; None:
+    # the run has no notion of accuracy (NLA's reconstruction reward)
     metrics: dict[str, float]
     extras: dict[str, list[float]]  # the numbers the reward function returned beside its score, per sample
 

@@ -96,7 +96,7 @@ class NLARLTrainer(RLTrainer):
         metrics = reconstruction_metrics(predictions, vectors)
         metrics.update({"nla/injections": float(len(batch)), "nla/random_control": float(self.random_control)})
         return Experience(batch=batch, responses=texts, prompts=per_sample), \
-            Scores(scores=scores, accuracies=scores, metrics=metrics, extras={}), {}
+            Scores(scores=scores, accuracies=None, metrics=metrics, extras={}), {}
 
     def start_critic_update(self, batch: Batch):
         return self.parts.critic.start_update(self.reconstruction, self.step)

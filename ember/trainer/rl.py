@@ -156,7 +156,8 @@ class RLTrainer:
         if parts.noise is not None:
             metrics.update(parts.noise.metrics(self.step))
         metrics.update(balance_metrics)
-        metrics["critic/acc/mean"] = scored.accuracies.mean().item()
+        if scored.accuracies is not None:
+            metrics["critic/acc/mean"] = scored.accuracies.mean().item()
         metrics.update(compute_data_metrics(batch, cfg.data.max_response_length,
                                             parts.critic is not None and self.critic_gives_values))
         metrics.update(compute_timing_metrics(timings, batch))

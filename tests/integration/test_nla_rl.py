@@ -58,6 +58,7 @@ def test_nla_grpo_runs_the_forks_file_and_logs_every_metric(tmp_path, model_dir)
     for key in FORK_METRICS:
         assert all(key in line for line in lines), key
     assert lines[0]["nla/injections"] == 16 and lines[0]["nla/random_control"] == 0
+    assert "critic/acc/mean" not in lines[0]  # no accuracy in NLA: the reward is the reconstruction's
     assert lines[0]["critic/score/mean"] == pytest.approx(-lines[0]["critic/critic_loss"], rel=1e-5)
     for role in ("actor", "critic"):
         assert (tmp_path / "run" / "global_step_2" / role).is_dir()
