@@ -106,6 +106,9 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         if ignored:
             logger.info("%s on strategy megatron: %s do not apply (it runs padded micro-batches or token budgets)",
                         role, ", ".join(ignored))
+        if getattr(model_cfg, "override_config", None):
+            logger.warning("%s on strategy megatron: model.override_config is not applied; set the fields in "
+                           "megatron.override_model_config (HF config) or override_transformer_config", role)
         return MegatronEngine(megatron_options(model_path, role, megatron, optim))
     return FSDPEngine(EngineOptions(
         model_path=model_path, role=role, model_dtype=fsdp_config.model_dtype,
@@ -231,7 +234,8 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
         critic_updates = optimizer_steps_per_rl_step(cfg, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size)
         critic_engine = build_engine(critic_cfg.model.path, "critic", critic_cfg.model, critic_cfg.model.fsdp_config,
                                      optim_options(critic_cfg.optim, critic_cfg.grad_clip, total_steps, critic_updates),
-                                     seed=cfg.trainer.seed, use_remove_padding=critic_cfg.model.use_remove_padding)
+                                     seed=cfg.trainer.seed, use_remove_padding=critic_cfg.model.use_remove_padding,
+                                     megatron=megatron_section(critic_cfg))
         mini_batch_samples = critic_cfg.ppo_mini_batch_size * n // dp_size
         critic_micro = critic_cfg.ppo_micro_batch_size_per_gpu or mini_batch_samples
         built["critic"] = Critic(critic_engine, CriticOptions(

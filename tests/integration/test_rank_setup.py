@@ -1,0 +1,37 @@
+"""Each role's engine is built on the backend its configuration names (`rank_setup.build_rank_roles`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ember.config import load_config
+from ember.trainer import rank_setup
+from rl_helpers import prepare_inputs, run_overrides
+
+
+class RecordedEngine:
+    """Stands in for an engine: remembers what `build_engine` was asked for."""
+
+    def __init__(self, role, megatron):
+        self.role, self.megatron = role, megatron
+
+    def offload(self):
+        pass
+
+
+@pytest.mark.parametrize("strategy", ["fsdp2", "megatron"])
+def test_the_critic_is_built_on_the_strategy_it_names(tmp_path, monkeypatch, strategy):
+    """`critic.strategy=megatron` reached nothing once: the critic then trained on FSDP2 without a word."""
+    built = []
+
+    def record(model_path, role, model_cfg, fsdp_config, optim, seed, *, megatron=None, **switches):
+        built.append(RecordedEngine(role, megatron))
+        return built[-1]
+
+    monkeypatch.setattr(rank_setup, "build_engine", record)
+    inputs = prepare_inputs(tmp_path)
+    cfg = load_config(run_overrides(inputs, tmp_path / "run", "algorithm.adv_estimator=gae",
+                                    f"critic.strategy={strategy}"))
+    roles = rank_setup.build_rank_roles(cfg, ("critic",), total_steps=1)
+    assert [engine.role for engine in built] == ["critic"] and roles["critic"].engine is built[0]
+    assert (built[0].megatron is not None) == (strategy == "megatron")
