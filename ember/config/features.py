@@ -84,6 +84,18 @@ RL_UNIMPLEMENTED: list[Row] = [
      lambda cfg: f"{_A}.rollout.name={cfg.actor_rollout_ref.rollout.name} with rollout.require_named_engine=true: "
                  f"{cfg.actor_rollout_ref.rollout.name} itself is not available in ember; drop require_named_engine "
                  "to run on ember's own engine, or use ember or hf"),
+    (lambda cfg: cfg.actor_rollout_ref.rollout.mode == "async",
+     lambda cfg: f"{_A}.rollout.mode=async (a rollout server for agent loops) is not implemented yet; use sync"),
+    (lambda cfg: not cfg.actor_rollout_ref.hybrid_engine,
+     lambda cfg: f"{_A}.hybrid_engine=false (rollout workers apart from the actor's) is not implemented yet; ember "
+                 "generates beside the actor on its GPUs (use resource pools to give the critic GPUs of its own)"),
+    (lambda cfg: any(section is not None and section.fsdp_size not in (-1, 0)
+                     for section in (cfg.actor_rollout_ref.actor.fsdp_config, cfg.actor_rollout_ref.ref.fsdp_config,
+                                     cfg.critic.model.fsdp_config)),
+     lambda cfg: "fsdp_config.fsdp_size (hybrid sharding, HSDP) is not implemented yet; use -1 (every rank of the "
+                 "role's pool shards the model)"),
+    _flag("trainer.default_hdfs_dir", "(copying checkpoints to remote storage) is not implemented yet; copy "
+                                      "trainer.default_local_dir yourself or leave it null"),
     _flag(f"{_A}.rollout.tensor_model_parallel_size",
           "(one generation engine over several GPUs) is not implemented yet; use 1 (each GPU generates its share)"),
     (lambda cfg: cfg.trainer.noise_injection.enabled and cfg.actor_rollout_ref.rollout.engine == "hf",

@@ -9,6 +9,7 @@ components never see the whole configuration. The driver's side (data, pools, wo
 
 from __future__ import annotations
 
+import importlib
 import logging
 import os
 
@@ -53,7 +54,7 @@ def compute_dtype(configured: str) -> str:
 def load_tokenizer(cfg: EmberConfig) -> PreTrainedTokenizerBase:
     model = cfg.actor_rollout_ref.model
     path = cfg.data.tokenizer or model.tokenizer_path or model.path
-    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=model.trust_remote_code or cfg.data.trust_remote_code)
     if tokenizer.pad_token_id is None:  # e.g. Llama/SmolLM2 tokenizers: pad with EOS
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
@@ -174,9 +175,22 @@ def engine_config(rollout) -> EngineConfig:
                         use_cuda_graphs=not rollout.enforce_eager)
 
 
+def import_external_libs(cfg: EmberConfig) -> None:
+    """The modules `actor_rollout_ref.model.external_lib` and `critic.model.external_lib` name (custom models
+    register themselves with transformers on import), in every process that loads a model."""
+    for key, module in (("actor_rollout_ref.model.external_lib", cfg.actor_rollout_ref.model.external_lib),
+                        ("critic.model.external_lib", cfg.critic.model.external_lib)):
+        if module:
+            try:
+                importlib.import_module(module)
+            except ImportError as error:
+                raise ConfigError(f"{key}={module} cannot be imported ({error}); install it or fix the name") from None
+
+
 def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int) -> dict[str, object]:
     """The roles one process holds (see `rank_worker.py`), each sized for its data-parallel share:
     "actor" (with "rollout" beside it), "reference", "critic"."""
+    import_external_libs(cfg)
     arr = cfg.actor_rollout_ref
     model_path = arr.model.path
     n = arr.rollout.n

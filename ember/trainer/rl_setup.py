@@ -22,7 +22,7 @@ from ember.distributed.ray_cluster import start_ray, write_timeline
 from ember.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from ember.rewards import RewardManager, resolve_reward_fn
 from ember.trainer.checkpoint import check_resume_path
-from ember.trainer.rank_setup import load_tokenizer, run_noise_injection, stop_token_ids
+from ember.trainer.rank_setup import import_external_libs, load_tokenizer, run_noise_injection, stop_token_ids
 from ember.trainer.rank_worker import RankWorker
 from ember.trainer.role_groups import ActorGroup, CriticGroup, ReferenceGroup, RolloutGroup
 from ember.workers.noise_injection import NoiseInjection
@@ -208,6 +208,7 @@ def build_worker_groups(cfg: EmberConfig, total_steps: int, use_ray: bool | None
 def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLComponents:
     """The driver's parts of the run; roles on Ray workers when the run has several GPUs (or `use_ray`)."""
     check_input_paths(cfg)
+    import_external_libs(cfg)
     # loaded once here, before any model, so that a wrong reward function stops the run at once
     reward_fn = resolve_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
                                   cfg.custom_reward_function.reward_kwargs, cfg.data.reward_fn or None,

@@ -35,3 +35,19 @@ def test_the_critic_is_built_on_the_strategy_it_names(tmp_path, monkeypatch, str
     roles = rank_setup.build_rank_roles(cfg, ("critic",), total_steps=1)
     assert [engine.role for engine in built] == ["critic"] and roles["critic"].engine is built[0]
     assert (built[0].megatron is not None) == (strategy == "megatron")
+
+
+def test_external_lib_is_imported_before_models_load_and_a_missing_one_is_named(tmp_path, monkeypatch):
+    import sys
+
+    from ember.config import ConfigError
+
+    (tmp_path / "ember_test_custom_model.py").write_text("LOADED = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    inputs = prepare_inputs(tmp_path / "inputs")
+    cfg = load_config(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.model.external_lib=ember_test_custom_model"))
+    rank_setup.import_external_libs(cfg)
+    assert sys.modules["ember_test_custom_model"].LOADED
+    cfg = load_config(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.model.external_lib=no_such_module_x"))
+    with pytest.raises(ConfigError, match="actor_rollout_ref.model.external_lib=no_such_module_x cannot be imported"):
+        rank_setup.import_external_libs(cfg)

@@ -30,6 +30,10 @@ def test_defaults_need_nothing_unimplemented():
     ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"], "ulysses_sequence_parallel_size=2"),
     ([f"{A}.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2"],
      f"{A}.rollout.tensor_model_parallel_size=2 (one generation engine over several GPUs) is not implemented yet"),
+    ([f"{A}.rollout.mode=async"], f"{A}.rollout.mode=async (a rollout server for agent loops) is not implemented yet"),
+    ([f"{A}.hybrid_engine=false"], f"{A}.hybrid_engine=false (rollout workers apart from the actor's)"),
+    ([f"{A}.actor.fsdp_config.fsdp_size=2", "trainer.n_gpus_per_node=4"], "fsdp_config.fsdp_size (hybrid sharding, HSDP)"),
+    (["trainer.default_hdfs_dir=hdfs://x/ckpt"], "trainer.default_hdfs_dir=hdfs://x/ckpt (copying checkpoints to remote"),
 ])
 def test_each_unimplemented_switch_is_named(overrides, message):
     cfg = load_config(overrides)

@@ -37,9 +37,11 @@ class DataConfig:
         None, "prompts per generation round with algorithm.filter_groups (DAPO); null = train_batch_size")
     val_batch_size: int | None = field_(None, "prompts per validation rollout call; null = 512")
     return_raw_input_ids: bool = field_(
-        False, "also return prompt ids before the chat template (for a reward model with another tokenizer)")
-    return_raw_chat: bool = field_(False, "also return the prompt's chat messages")
-    return_full_prompt: bool = field_(False, "also return the prompt text after the chat template")
+        False, "verl: prompt ids before the chat template for a reward model with another tokenizer; ember's "
+               "reward functions get the decoded text (no effect)")
+    return_raw_chat: bool = field_(False, "verl: hand the rollout the chat messages; ember's engine takes the "
+                                          "templated token ids (no effect)")
+    return_full_prompt: bool = field_(False, "verl: also keep the templated prompt text; ember keeps it always (no effect)")
     shuffle: bool = field_(True, "shuffle the training prompts each epoch")
     seed: int = field_(1, "seed of the shuffle")
     filter_overlong_prompts: bool = field_(False, "drop prompts longer than max_prompt_length when loading")
@@ -47,7 +49,8 @@ class DataConfig:
     truncation: Truncation = field_(
         "error", "what to do with a prompt over max_prompt_length: error, or cut it on the left, right or middle")
     dataloader_num_workers: int = field_(8, "worker processes of the training dataloader")
-    trust_remote_code: bool = field_(False, "allow tokenizer code shipped with the checkpoint to run")
+    trust_remote_code: bool = field_(False, "allow tokenizer code shipped with the checkpoint to run (as "
+                                            "actor_rollout_ref.model.trust_remote_code does; either allows it)")
     custom_cls: CustomClassConfig = section(CustomClassConfig, "a user-defined dataset class")
     reward_fn: dict[str, Any] = field_(
         {}, "reward function built from this mapping: _target_ (import path) plus its keyword arguments")

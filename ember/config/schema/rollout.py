@@ -70,7 +70,8 @@ class RolloutConfig:
     do_sample: bool = field_(True, "sample; false = greedy decoding")
     n: int = field_(1, "responses sampled per prompt (the group size of GRPO)")
     calculate_log_probs: bool = field_(
-        False, "also return the engine's log-probs of the sampled tokens (for off-policy correction)")
+        False, "verl: also return the engine's log-probs of the sampled tokens; ember's engines always return them "
+               "(rollout_log_probs; no effect)")
     seed: int = field_(0, "seed of the sampler")
     engine_kwargs: dict[str, Any] = field_(
         {"vllm": {}, "sglang": {}}, "extra arguments per external engine (engine_kwargs.vllm.*, engine_kwargs.sglang.*)")

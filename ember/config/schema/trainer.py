@@ -71,7 +71,9 @@ class TrainerConfig(RunConfig):
     critic_warmup: int = field_(0, "steps that train only the critic before the actor starts updating")
     del_local_ckpt_after_load: bool = field_(False, "delete the local checkpoint once it has been loaded")
     max_actor_ckpt_to_keep: int | None = field_(None, "actor checkpoints kept on disk; null = all")
-    max_critic_ckpt_to_keep: int | None = field_(None, "critic checkpoints kept on disk; null = all")
+    max_critic_ckpt_to_keep: int | None = field_(
+        None, "verl's; ember keeps every role of a step in one global_step_N folder, so max_actor_ckpt_to_keep "
+              "decides for the critic too (no effect)")
     rollout_data_dir: str | None = field_(
         None, "folder where each step's prompts, responses and rewards are dumped as jsonl; null = none")
     validation_data_dir: str | None = field_(None, "folder where validation generations are dumped as jsonl; null = none")
