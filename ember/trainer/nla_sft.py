@@ -123,6 +123,13 @@ class NLASFTTrainer(SFTTrainer):
                 count += int(mask.sum())
         return total, count
 
+    def save(self) -> bool:
+        """As `ember sft`, unless `trainer.disable_checkpointing` (the fork's switch): then no checkpoint at all
+        (the final HF folder is still written)."""
+        if self.cfg.trainer.disable_checkpointing:
+            return False
+        return super().save()
+
     @staticmethod
     def example_tokens(example: NLASFTExample) -> int:
         return len(example.prompt_ids) + len(example.response_ids)

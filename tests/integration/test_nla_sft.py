@@ -83,3 +83,11 @@ def test_extract_then_sft_both_then_nla_grpo(tmp_path, model_dir):
           "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_micro_batch_size_per_gpu=4"]
     assert main(["nla", "train", "--config-path", RUNS, "--config-name", "runs/qwen_7b/rl_grpo", *rl]) == 0
     assert len(losses(tmp_path / "rl_run", "critic/fve")) == 2
+
+
+def test_disable_checkpointing_writes_no_checkpoint_but_the_hf_folder(tmp_path, model_dir):
+    train = write_parquet(sft_rows(16, seed=1), tmp_path / "sft_layer1.parquet")
+    assert main(["nla", "sft", "--config-path", RUNS, "--config-name", "nla_sft_7b_8gpu",
+                 *sft_overrides(tmp_path, model_dir, train, train, "critic", steps=2),
+                 "trainer.disable_checkpointing=true"]) == 0
+    assert not list((tmp_path / "critic").glob("global_step_*")) and (tmp_path / "critic" / "hf_model").is_dir()

@@ -41,7 +41,8 @@ class NLASFTTrainerConfig(SFTTrainerConfig):
         None, "name of this run; null = MODEL-TRAIN_MODE-VARIANT (canonical, or random for a _random data file)")
     default_local_dir: str = field_(
         "checkpoints/nla_sft/${nla.train_mode}", "where checkpoints and the resolved config are written")
-    disable_checkpointing: bool = field_(False, "write no checkpoint at all, not even the last")
+    disable_checkpointing: bool = field_(False, "write no checkpoint at all, not even the last (the final HF "
+                                                "folder is still written)")
     checkpoint: CheckpointConfig = section(CheckpointConfig, "what a checkpoint holds (hf_model: the folder RL starts from)")
 
 
