@@ -19,6 +19,9 @@ from ember.config import ConfigError
 STEP_DIR = re.compile(r"^global_step_(\d+)$")
 TRACKER_FILE = "latest_checkpointed_iteration.txt"
 
+HF_CHECKPOINT_DIR = "huggingface"
+"""A role's transformers folder inside its checkpoint folder (`checkpoint.save_contents` with hf_model, as verl)."""
+
 
 def step_dir_name(step: int) -> str:
     return f"global_step_{step}"

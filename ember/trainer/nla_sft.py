@@ -123,6 +123,11 @@ class NLASFTTrainer(SFTTrainer):
                 count += int(mask.sum())
         return total, count
 
+    @property
+    def hf_in_checkpoints(self) -> bool:
+        """`trainer.checkpoint.save_contents` holds hf_model (the fork's SFT files list it)."""
+        return "hf_model" in self.cfg.trainer.checkpoint.save_contents
+
     def save(self) -> bool:
         """As `ember sft`, unless `trainer.disable_checkpointing` (the fork's switch): then no checkpoint at all
         (the final HF folder is still written)."""

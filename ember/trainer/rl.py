@@ -26,7 +26,7 @@ from ember.distributed.device import rank
 from ember.distributed.worker_group import WorkerError
 from ember.rollout import SamplingParams
 from ember.trainer.balance import balance_batch
-from ember.trainer.checkpoint import CheckpointManager
+from ember.trainer.checkpoint import HF_CHECKPOINT_DIR, CheckpointManager
 from ember.trainer.experience import Experience, Scores, generate_experience, score_experience, token_level_scores
 from ember.trainer.experiment_trackers import TrackedRun
 from ember.trainer.faults import BadStepGuard, StopRequest
@@ -283,12 +283,19 @@ class RLTrainer:
         def write(directory: str) -> None:
             for name, role in self.checkpointed_roles():
                 role.save(os.path.join(directory, name))
+                if "hf_model" in self.checkpoint_contents(name):  # verl's folder for it
+                    role.export_hf(os.path.join(directory, name, HF_CHECKPOINT_DIR), tokenizer=parts.tokenizer)
             if rank() == 0:
                 save_run_state(directory, step=self.step, loader=parts.train_loader.state_dict(),
                                kl_coef=self.kl_controller.value, validation_history=self.validation_history)
 
         self.guard.last_sound_checkpoint = self.checkpoints.save(self.step, write, barrier=_barrier)
         return True
+
+    def checkpoint_contents(self, role: str) -> list[str]:
+        """`<role>.checkpoint.save_contents` of a checkpointed role ("actor" or "critic")."""
+        section = self.cfg.actor_rollout_ref.actor if role == "actor" else self.cfg.critic
+        return section.checkpoint.save_contents
 
     def resume(self) -> None:
         """Writes the resolved config to the run directory, continues from the checkpoint

@@ -90,6 +90,10 @@ class TrainedRoleGroup(RoleGroup):
     def load(self, path: str) -> None:
         self._run_all("load", path)
 
+    def export_hf(self, out_dir: str, tokenizer=None) -> None:
+        """A Hugging Face folder of the role's current weights (every rank takes part)."""
+        self._run_all("export_hf", out_dir, tokenizer)
+
 
 class ActorGroup(TrainedRoleGroup):
     def __init__(self, group, mini_batch_samples: int, ppo_epochs: int):
@@ -103,9 +107,6 @@ class ActorGroup(TrainedRoleGroup):
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         return torch.cat(self._start_split("compute_log_probs", batch).wait())
-
-    def export_hf(self, out_dir: str, tokenizer=None) -> None:
-        self._run_all("export_hf", out_dir, tokenizer)
 
 
 class ReferenceGroup(RoleGroup):
@@ -132,9 +133,6 @@ class ReconstructorGroup(TrainedRoleGroup):
 
     def predict(self, batch: Batch) -> torch.Tensor:
         return torch.cat(self._start_split("predict", batch).wait())
-
-    def export_hf(self, out_dir: str, tokenizer=None) -> None:
-        self._run_all("export_hf", out_dir, tokenizer)
 
 
 class RolloutGroup(RoleGroup):

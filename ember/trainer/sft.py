@@ -35,7 +35,7 @@ from ember.data.sft_dataset import SFTDataset, SFTExample
 from ember.distributed.device import current_device, init_distributed, rank, shutdown_distributed, world_size
 from ember.engines.base import MicroBatchSpec
 from ember.engines.optim import OptimOptions
-from ember.trainer.checkpoint import CheckpointManager
+from ember.trainer.checkpoint import HF_CHECKPOINT_DIR, CheckpointManager
 from ember.trainer.command_line import (OVERRIDE_HELP, RunPlan, add_config_arguments, config_overrides, exit_status,
                                         run_configured)
 from ember.trainer.experiment_trackers import TrackedRun
@@ -106,6 +106,11 @@ class SFTTrainer:
     def example_tokens(example) -> int:
         return len(example.input_ids)
 
+    @property
+    def hf_in_checkpoints(self) -> bool:
+        """Whether every checkpoint also holds a transformers folder (`<engine dir>/huggingface`)."""
+        return False
+
     def pad_for_ranks(self, examples: list) -> list:
         """`examples` padded to a multiple of the data-parallel size with examples that count for nothing."""
         return pad_to_multiple(examples, self.dp_size)
@@ -174,6 +179,8 @@ class SFTTrainer:
 
         def write(directory: str) -> None:
             self.engine.save(os.path.join(directory, ENGINE_DIR))
+            if self.hf_in_checkpoints:
+                self.engine.export_hf(os.path.join(directory, ENGINE_DIR, HF_CHECKPOINT_DIR), tokenizer=self.tokenizer)
             if self.rank == 0:
                 save_run_state(directory, step=self.step, loader=self.train_loader.state_dict())
 

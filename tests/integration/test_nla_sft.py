@@ -91,3 +91,11 @@ def test_disable_checkpointing_writes_no_checkpoint_but_the_hf_folder(tmp_path, 
                  *sft_overrides(tmp_path, model_dir, train, train, "critic", steps=2),
                  "trainer.disable_checkpointing=true"]) == 0
     assert not list((tmp_path / "critic").glob("global_step_*")) and (tmp_path / "critic" / "hf_model").is_dir()
+
+
+def test_the_forks_hf_model_save_contents_put_a_transformers_folder_in_each_checkpoint(tmp_path, model_dir):
+    train = write_parquet(sft_rows(16, seed=1), tmp_path / "sft_layer1.parquet")
+    assert main(["nla", "sft", "--config-path", RUNS, "--config-name", "nla_sft_7b_8gpu",
+                 *sft_overrides(tmp_path, model_dir, train, train, "actor", steps=2), "trainer.save_freq=1"]) == 0
+    for step in (1, 2):  # the fork's file lists hf_model in trainer.checkpoint.save_contents
+        assert (tmp_path / "actor" / f"global_step_{step}" / "actor" / "huggingface" / "config.json").is_file()

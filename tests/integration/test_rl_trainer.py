@@ -221,3 +221,19 @@ def test_reward_errors_are_counted_and_the_run_completes(inputs, tmp_path):
         assert steps[step]["critic/score/min"] == -1.0
     assert 0 < sum(expected_errors.values()) < 32  # these batches hold both even and odd answers
     assert (run_dir / "hf_model" / "model.safetensors").is_file()
+
+
+def test_save_contents_hf_model_writes_a_transformers_folder_per_role_in_each_checkpoint(inputs, tmp_path):
+    """verl's `checkpoint.save_contents: [..., hf_model]`: `<role>/huggingface` beside the resumable state."""
+    from transformers import AutoModelForTokenClassification
+
+    run_dir = tmp_path / "run"
+    fit(build_trainer(run_overrides(inputs, run_dir, "trainer.total_training_steps=1", "trainer.save_freq=1",
+                                    "trainer.val_before_train=False", "algorithm.adv_estimator=gae",
+                                    "actor_rollout_ref.actor.checkpoint.save_contents=[model,optimizer,extra,hf_model]",
+                                    "critic.checkpoint.save_contents=[model,optimizer,extra,hf_model]")))
+    step = run_dir / "global_step_1"
+    assert AutoModelForCausalLM.from_pretrained(step / "actor" / "huggingface").config.num_hidden_layers > 0
+    assert AutoModelForTokenClassification.from_pretrained(step / "critic" / "huggingface").config.num_labels == 1
+    export_checkpoint(str(step), str(tmp_path / "out"))  # the checkpoint itself is still whole
+    assert (tmp_path / "out" / "config.json").is_file()

@@ -38,8 +38,11 @@ class CheckpointConfig:
     """What a role's checkpoint holds."""
 
     save_contents: list[CheckpointContent] = field_(
-        ["model", "optimizer", "extra"], "what is saved: model (sharded), optimizer, extra (scheduler, RNG), hf_model (loadable by transformers)")
-    load_contents: list[CheckpointContent] = follow(".save_contents", "what is restored when resuming")
+        ["model", "optimizer", "extra"], "what is saved: model (sharded), optimizer and extra (scheduler, RNG) are "
+        "always saved, so every checkpoint resumes exactly; hf_model adds a folder transformers loads "
+        "(<role>/huggingface in each global_step_N)")
+    load_contents: list[CheckpointContent] = follow(".save_contents", "what is restored when resuming; ember restores "
+                                                    "everything a checkpoint holds (no effect)")
 
 
 @dataclass
