@@ -40,11 +40,11 @@ def _auto_class(value_head: bool):
 
 
 def load_model_config(path: str, *, value_head: bool = False, keep_layers: int | None = None,
-                      overrides: dict[str, Any] | None = None) -> PretrainedConfig:
+                      overrides: dict[str, Any] | None = None, trust_remote_code: bool = False) -> PretrainedConfig:
     """The model's config; for a value model, turned into a one-label token classifier's; with
     `keep_layers`, cut after that many decoder layers (NLA's reconstructor, `models/reconstructor.py`);
     `overrides` (`model.override_config`) replace fields of it, each a field the config has."""
-    config = truncated_config(AutoConfig.from_pretrained(path), keep_layers)
+    config = truncated_config(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code), keep_layers)
     for key, value in (overrides or {}).items():
         if not hasattr(config, key):
             raise ValueError(f"model.override_config.{key}: the model's config ({type(config).__name__}) has no "
@@ -54,16 +54,20 @@ def load_model_config(path: str, *, value_head: bool = False, keep_layers: int |
 
 
 def load_model(path: str, *, value_head: bool = False, dtype: str = "float32", attn_implementation: str = "sdpa",
-               keep_layers: int | None = None, overrides: dict[str, Any] | None = None) -> PreTrainedModel:
+               keep_layers: int | None = None, overrides: dict[str, Any] | None = None,
+               trust_remote_code: bool = False) -> PreTrainedModel:
     """Read the checkpoint at `path` onto the CPU, its parameters in `dtype` (only the first `keep_layers`
-    decoder layers when given; `overrides` as `load_model_config`)."""
-    config = load_model_config(path, value_head=value_head, keep_layers=keep_layers, overrides=overrides)
+    decoder layers when given; `overrides` as `load_model_config`; `trust_remote_code`: the model's own code
+    may run, as transformers means it)."""
+    config = load_model_config(path, value_head=value_head, keep_layers=keep_layers, overrides=overrides,
+                               trust_remote_code=trust_remote_code)
     return _auto_class(value_head).from_pretrained(path, config=config, dtype=resolve_dtype(dtype),
-                                                   attn_implementation=attn_implementation)
+                                                   attn_implementation=attn_implementation,
+                                                   trust_remote_code=trust_remote_code)
 
 
 def build_model_on_meta(config: PretrainedConfig, *, value_head: bool = False, dtype: str = "float32",
-                        attn_implementation: str = "sdpa") -> PreTrainedModel:
+                        attn_implementation: str = "sdpa", trust_remote_code: bool = False) -> PreTrainedModel:
     """The architecture of `config` with parameters on the meta device (no memory, no values).
 
     `config` is copied: transformers sets the attention implementation on the config it is
@@ -71,4 +75,5 @@ def build_model_on_meta(config: PretrainedConfig, *, value_head: bool = False, d
     """
     with torch.device("meta"):
         return _auto_class(value_head).from_config(copy.deepcopy(config), dtype=resolve_dtype(dtype),
-                                                   attn_implementation=attn_implementation)
+                                                   attn_implementation=attn_implementation,
+                                                   trust_remote_code=trust_remote_code)

@@ -119,7 +119,8 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         reshard_after_forward=fsdp_config.reshard_after_forward, param_offload=fsdp_config.param_offload,
         optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy,
         compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions(),
-        override_config=dict(getattr(model_cfg, "override_config", None) or {}), **nla))
+        override_config=dict(getattr(model_cfg, "override_config", None) or {}),
+        trust_remote_code=bool(getattr(model_cfg, "trust_remote_code", False)), **nla))
 
 
 def run_noise_injection(cfg: EmberConfig, total_steps: int) -> NoiseInjection | None:
@@ -127,7 +128,9 @@ def run_noise_injection(cfg: EmberConfig, total_steps: int) -> NoiseInjection | 
     config, so the weights' names and module types are the ones the weight stream carries)."""
     if not cfg.trainer.noise_injection.enabled:
         return None
-    model = build_model_on_meta(load_model_config(cfg.actor_rollout_ref.model.path))
+    model_cfg = cfg.actor_rollout_ref.model
+    trust = model_cfg.trust_remote_code
+    model = build_model_on_meta(load_model_config(model_cfg.path, trust_remote_code=trust), trust_remote_code=trust)
     return build_noise_injection(cfg.trainer.noise_injection, model, total_steps, cfg.trainer.seed)
 
 

@@ -85,12 +85,12 @@ def check_model_path(key: str, path: str, *, tokenizer_only: bool = False) -> No
     raise ConfigError(f"{key}={path} does not exist; point it at a Hugging Face model folder (or a hub id)")
 
 
-def check_override_config(key: str, model_path: str, overrides: dict) -> None:
+def check_override_config(key: str, model_path: str, overrides: dict, trust_remote_code: bool = False) -> None:
     """Each field `<key>.override_config` replaces must be one the model's config has (a typo would
     otherwise change nothing)."""
     if not overrides or not os.path.isdir(model_path):
         return
-    config = AutoConfig.from_pretrained(model_path)
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
     unknown = sorted(name for name in overrides if not hasattr(config, name))
     if unknown:
         raise ConfigError(f"{key}.override_config sets {', '.join(unknown)}, which the model's config "
@@ -135,9 +135,11 @@ def check_input_paths(cfg: EmberConfig) -> None:
     for key, path in models.items():
         if path is not None:
             check_model_path(key, path)
-    check_override_config("actor_rollout_ref.model", arr.model.path, arr.model.override_config)
+    check_override_config("actor_rollout_ref.model", arr.model.path, arr.model.override_config,
+                          arr.model.trust_remote_code)
     if uses_critic(cfg) and cfg.critic.model.path is not None:
-        check_override_config("critic.model", cfg.critic.model.path, cfg.critic.model.override_config)
+        check_override_config("critic.model", cfg.critic.model.path, cfg.critic.model.override_config,
+                              cfg.critic.model.trust_remote_code)
     for key, path in {"actor_rollout_ref.model.tokenizer_path": arr.model.tokenizer_path,
                       "data.tokenizer": cfg.data.tokenizer}.items():
         if path is not None:

@@ -51,3 +51,22 @@ def test_external_lib_is_imported_before_models_load_and_a_missing_one_is_named(
     cfg = load_config(run_overrides(inputs, tmp_path / "run", "actor_rollout_ref.model.external_lib=no_such_module_x"))
     with pytest.raises(ConfigError, match="actor_rollout_ref.model.external_lib=no_such_module_x cannot be imported"):
         rank_setup.import_external_libs(cfg)
+
+
+def test_trust_remote_code_reaches_model_loading(tmp_path, monkeypatch):
+    """`model.trust_remote_code` let only the tokenizer run checkpoint code once; models loaded without it."""
+    import transformers
+
+    from ember.engines.fsdp.engine import FSDPEngine
+    from fsdp_engine_worker import engine_options, make_model_dir
+
+    seen = []
+    original = transformers.AutoConfig.from_pretrained.__func__
+
+    def spy(cls, path, *args, **kwargs):
+        seen.append(kwargs.get("trust_remote_code"))
+        return original(cls, path, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", classmethod(spy))
+    FSDPEngine(engine_options(make_model_dir("qwen2", str(tmp_path)), trust_remote_code=True))
+    assert seen and all(flag is True for flag in seen)

@@ -89,6 +89,8 @@ class EngineOptions:
     """Fields that replace those of the model's HF config (`model.override_config`, as verl): e.g.
     `output_router_logits: true` adds a MoE model's router load-balancing loss, weighted by its
     `router_aux_loss_coef`, to the actor's loss."""
+    trust_remote_code: bool = False
+    """Let code shipped with the checkpoint run (`model.trust_remote_code`, as transformers means it)."""
     injection_mode: str = "replace"
     """NLA: how a batch's activation vectors enter the actor's input embeddings (`engines/injection.py`)."""
     output_layer_index: int | None = None
@@ -141,7 +143,7 @@ class FSDPEngine(TrainEngine):
             offload_policy=options.offload_policy,
             compile_layers=options.compile_layers and self.device.type != "cpu",
             keep_layers=options.truncate_at_layer if options.role == "reconstructor" else None,
-            overrides=options.override_config)
+            overrides=options.override_config, trust_remote_code=options.trust_remote_code)
         config = self.model.config
         self.router_aux_coef = (float(config.router_aux_loss_coef) if options.role == "actor"
                                 and getattr(config, "output_router_logits", False) else 0.0)

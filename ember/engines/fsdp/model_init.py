@@ -28,17 +28,20 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
                         model_dtype: str, param_dtype: str, reduce_dtype: str, attn_implementation: str,
                         gradient_checkpointing: bool, reshard_after_forward: bool,
                         offload_policy: bool = False, compile_layers: bool = False,
-                        keep_layers: int | None = None, overrides: dict | None = None) -> PreTrainedModel:
+                        keep_layers: int | None = None, overrides: dict | None = None,
+                        trust_remote_code: bool = False) -> PreTrainedModel:
     """The checkpoint at `model_path` as an FSDP2 module whose shards live on `device` (in pinned
     CPU memory with `offload_policy`; buffers such as RoPE tables stay on `device`); with
     `keep_layers`, only its first decoder layers; `overrides` replace fields of its config."""
-    config = load_model_config(model_path, value_head=value_head, keep_layers=keep_layers, overrides=overrides)
+    config = load_model_config(model_path, value_head=value_head, keep_layers=keep_layers, overrides=overrides,
+                               trust_remote_code=trust_remote_code)
     pretrained = None
     if rank() == 0:
         pretrained = load_model(model_path, value_head=value_head, dtype=model_dtype,
-                                attn_implementation=attn_implementation, keep_layers=keep_layers, overrides=overrides)
+                                attn_implementation=attn_implementation, keep_layers=keep_layers, overrides=overrides,
+                                trust_remote_code=trust_remote_code)
     model = build_model_on_meta(config, value_head=value_head, dtype=model_dtype,
-                                attn_implementation=attn_implementation)
+                                attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
     parallelize_model(model, mesh, gradient_checkpointing=gradient_checkpointing,
                       param_dtype=resolve_dtype(param_dtype), reduce_dtype=resolve_dtype(reduce_dtype),
                       reshard_after_forward=reshard_after_forward, offload_policy=offload_policy,
