@@ -12,6 +12,7 @@ examples into the tensors a causal-LM forward takes.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ class SFTDataset:
         prompt_key: str = "prompt",
         response_key: str = "response",
         apply_chat_template_kwargs: dict[str, Any] | None = None,
+        tools_key: str = "tools",
     ):
         if truncation not in SFT_TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r} is not one of {', '.join(SFT_TRUNCATION_MODES)}")
@@ -59,6 +61,7 @@ class SFTDataset:
         self.tokenizer = tokenizer
         self.template_kwargs = apply_chat_template_kwargs
         self.messages_key, self.prompt_key, self.response_key = messages_key, prompt_key, response_key
+        self.tools_key = tools_key
         paths = as_file_list(files)
         self.form = self._detect_form(paths[0]) if form == "auto" else form
         required, encode, main_column = {
@@ -70,7 +73,8 @@ class SFTDataset:
             ),
             "tokenized": ({"input_ids": None, "labels": None}, self._encode_tokenized, "input_ids"),
         }[self.form]
-        rows = read_parquet_rows(paths, required, optional=["attention_mask"] if self.form == "tokenized" else [])
+        optional = {"tokenized": ["attention_mask"], "messages": [tools_key]}.get(self.form, [])
+        rows = read_parquet_rows(paths, required, optional=optional)
         self.examples: list[SFTExample] = []
         for row in rows:
             input_ids, loss_mask = encode(row)
@@ -113,7 +117,25 @@ class SFTDataset:
             raise row.error(self.messages_key, "no assistant message, so nothing to train on")
         if messages[0]["role"] == "assistant":
             raise row.error(self.messages_key, "starts with an assistant message; put a user or system message first")
-        return encode_chat_with_assistant_mask(self.tokenizer, messages, self.template_kwargs)
+        template_kwargs = dict(self.template_kwargs or {})
+        tools = self._tools(row)
+        if tools is not None:
+            template_kwargs["tools"] = tools
+        return encode_chat_with_assistant_mask(self.tokenizer, messages, template_kwargs)
+
+    def _tools(self, row: SourceRow) -> list[dict] | None:
+        """The row's tool schemas (`data.multiturn.tools_key`: a list of dicts, or its JSON text), for the template."""
+        value = row.values.get(self.tools_key)
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError as error:
+                raise row.error(self.tools_key, f"is text but not JSON ({error})") from None
+        if not isinstance(value, list) or not all(isinstance(tool, dict) for tool in value):
+            raise row.error(self.tools_key, f"expected a list of tool schemas (dicts), got {value!r:.200}")
+        return value
 
     def _encode_prompt_response(self, row: SourceRow) -> tuple[list[int], list[int]]:
         prompt, response = row.values[self.prompt_key], row.values[self.response_key]

@@ -238,7 +238,8 @@ def build_dataset(files, tokenizer: PreTrainedTokenizerBase, cfg: SFTConfig) -> 
     data = cfg.data
     form = "messages" if data.multiturn.enable else "auto"
     return SFTDataset(files, tokenizer, max_length=data.max_length, truncation=data.truncation, form=form,
-                      messages_key=data.multiturn.messages_key, prompt_key=data.prompt_key,
+                      messages_key=data.multiturn.messages_key, tools_key=data.multiturn.tools_key,
+                      prompt_key=data.prompt_key,
                       response_key=data.response_key)
 
 

@@ -149,3 +149,25 @@ def test_collate_pads_right_and_sets_labels_from_the_mask():
     assert batch["position_ids"].tolist() == [[0, 1, 2], [0, 1, 0]]
     assert batch["labels"].tolist() == [[-100, 2, 3], [4, -100, -100]]
     assert all(tensor.dtype == torch.long for tensor in batch.values())
+
+
+TOOLS_TEMPLATE = ("{% if tools %}tools: {% for tool in tools %}{{ tool.name }} {% endfor %}\n{% endif %}"
+                  "{% for m in messages %}<{{ m.role }}>{{ m.content }}</{{ m.role }}>{% endfor %}"
+                  "{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+@pytest.mark.parametrize("tools", [[{"name": "calculator", "description": "adds"}],
+                                   '[{"name": "calculator", "description": "adds"}]'])
+def test_a_rows_tools_reach_the_chat_template(tmp_path, tools):
+    """`data.multiturn.tools_key`: tool schemas (a list, or its JSON text) go to the template as `tools`."""
+    tokenizer = make_tokenizer()
+    tokenizer.chat_template = TOOLS_TEMPLATE
+    messages = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", "content": "4"}]
+    path = write(tmp_path, [{"messages": messages, "tools": tools}, {"messages": messages, "tools": None}])
+    with_tools, without = SFTDataset(path, tokenizer, max_length=200, form="messages")
+    assert tokenizer.decode(with_tools.input_ids).startswith("tools: calculator")
+    assert "tools" not in tokenizer.decode(without.input_ids)
+    assert masked_runs(tokenizer, with_tools) == masked_runs(tokenizer, without)  # the loss stays on the answer
+    bad = write(tmp_path, [{"messages": messages, "tools": "not json"}], name="bad.parquet")
+    with pytest.raises(DatasetError, match="tools.*is text but not JSON"):
+        SFTDataset(bad, tokenizer, max_length=200, form="messages")
