@@ -18,9 +18,8 @@ import torch
 from torch import Tensor, nn
 
 from ember.data.batch import Batch
+from ember.rollout.base import INJECTION_MODES
 
-INJECTION_MODES = ("replace", "add")
-"""replace: the vector is the token's embedding output (the fork's RL); add: it is added to it."""
 
 
 def injection_mask(batch: Batch, packed: bool = False) -> Tensor:

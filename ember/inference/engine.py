@@ -33,7 +33,7 @@ from ember.inference.models import build_model, load_hf_config, load_weights, re
 from ember.inference.sampling import sample_next_tokens, sequence_seed
 from ember.inference.scheduler import ScheduledStep, Scheduler
 from ember.inference.sequence import Sequence
-from ember.rollout.base import Injection, SamplingParams
+from ember.rollout.base import INJECTION_MODES, Injection, SamplingParams
 
 
 class LLMEngine:
@@ -188,8 +188,8 @@ class LLMEngine:
             if tuple(injection.vector.shape) != (hidden,):
                 raise ValueError(f"prompt {index}: an injected vector of shape {tuple(injection.vector.shape)}; the "
                                  f"model's hidden size is {hidden}")
-            if injection.mode not in ("replace", "add"):
-                raise ValueError(f"prompt {index}: injection mode {injection.mode!r}: use replace or add")
+            if injection.mode not in INJECTION_MODES:
+                raise ValueError(f"prompt {index}: injection mode {injection.mode!r}: use one of {INJECTION_MODES}")
         return list(injections)
 
     def _admit(self, prompts: list[list[int]], sampling: SamplingParams,

@@ -17,7 +17,7 @@ from transformers import AutoConfig, AutoTokenizer
 from ember.config.errors import ConfigError
 from ember.config.schema.nla_sft import NLASFTConfig
 from ember.config.schema.nla_train import NLA_ROLLOUT_NAME, NLATrainConfig
-from ember.nla.data import activation_layers
+from ember.nla.data import activation_layers, model_hidden_size
 from ember.nla.eval import eval_sets
 from ember.models.reconstructor import full_layer_count
 from ember.nla.marker import check_recorded_marker, choose_marker
@@ -45,12 +45,6 @@ def check_kept_layer(key: str, layer: int, full: int, kept: int, model: str) -> 
     if kept < full and layer > kept:
         raise ConfigError(f"{key} reads hidden_states[{layer}], but the critic keeps only its first {kept} of {full} "
                           f"decoder layers ({model}, or truncate_at_layer); use an index of at most {kept}")
-
-
-def model_hidden_size(path: str, trust_remote_code: bool = False) -> int:
-    """Hidden size of the model at `path`: the length its injected vectors must have (modes replace and add)."""
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
-    return config.get_text_config().hidden_size
 
 
 def resolve_layer_index(key: str, index: int | None, num_layers: int, model: str) -> int:

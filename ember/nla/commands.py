@@ -90,19 +90,14 @@ def run_nla_eval(cfg: NLATrainConfig) -> int:
     from pathlib import Path
 
     from ember.distributed.device import request_device
-    from ember.nla.checks import model_hidden_size
-    from ember.nla.data import vector_options
-    from ember.nla.eval import eval_sampling, eval_sets, evaluate, read_eval_set, write_explanations
-    from ember.nla.marker import choose_marker
+    from ember.nla.data import reading_options
+    from ember.nla.eval import eval_sampling, evaluate, read_eval_sets, write_explanations
     from ember.rollout.ember_rollout import EmberRollout
     from ember.trainer.rank_setup import engine_config, load_tokenizer, stop_token_ids
 
     model, evaluation = cfg.actor_rollout_ref.model, cfg.nla_eval
     tokenizer = load_tokenizer(cfg)
-    marker = choose_marker(tokenizer, cfg.nla.injection.injection_token)
-    vectors = vector_options(cfg.nla, model_hidden_size(model.path, model.trust_remote_code))
-    sets = {name: read_eval_set(path, tokenizer, marker, evaluation.template, vectors, evaluation.max_samples)
-            for name, path in eval_sets(evaluation.eval_files, evaluation.eval_file).items()}
+    sets = read_eval_sets(evaluation, tokenizer, *reading_options(cfg.nla, tokenizer, model.path, model.trust_remote_code))
     request_device(cfg.trainer.device)
     longest = max(len(record.prompt_ids) for records in sets.values() for record in records)
     config = engine_config(cfg.actor_rollout_ref.rollout)

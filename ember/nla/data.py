@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoConfig, PreTrainedTokenizerBase
 
 from ember.config.schema.nla import NLASection
 from ember.data.chat import Messages, check_messages, encode_texts, render_chat
 from ember.data.parquet import DatasetError, SourceRow, as_file_list, read_parquet_rows, read_parquet_schema
 from ember.data.rl_dataset import truncate_tokens
-from ember.nla.marker import Marker, check_recorded_marker
+from ember.nla.marker import Marker, check_recorded_marker, choose_marker
 
 # Columns the extraction writes about where a vector came from; kept with each record, never required.
 PROVENANCE_COLUMNS = (
@@ -45,11 +45,25 @@ class VectorOptions:
     scale: float | None = None  # multiply by this, after norm
 
 
+def model_hidden_size(path: str, trust_remote_code: bool = False) -> int:
+    """Hidden size of the model at `path`: the length its injected vectors must have (modes replace and add)."""
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    return config.get_text_config().hidden_size
+
+
 def vector_options(nla: NLASection, hidden_size: int) -> VectorOptions:
     """How the `nla` section says vectors are read for an actor of `hidden_size`: that length in modes replace
     and add; in mode project any length the file keeps to (the projection maps it to the hidden size)."""
     size = None if nla.injection.mode == "project" else hidden_size
     return VectorOptions(nla.activation_vector_key, size, nla.norm, nla.scale)
+
+
+def reading_options(nla: NLASection, tokenizer: PreTrainedTokenizerBase, model_path: str,
+                    trust_remote_code: bool = False) -> tuple[Marker, VectorOptions]:
+    """The marker `tokenizer` keeps (`nla.injection.injection_token` or ember's choice) and how vectors are read
+    for the actor at `model_path`: what every NLA reader of rows needs."""
+    return (choose_marker(tokenizer, nla.injection.injection_token),
+            vector_options(nla, model_hidden_size(model_path, trust_remote_code)))
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,13 @@ def _expected(row: SourceRow) -> list[str]:
     return expected
 
 
+def read_eval_sets(evaluation: NLAEvalConfig, tokenizer: PreTrainedTokenizerBase, marker: Marker,
+                   vectors: VectorOptions) -> dict[str, list[EvalRecord]]:
+    """Every evaluation set `nla_eval` names, read and rendered, by set name."""
+    return {name: read_eval_set(path, tokenizer, marker, evaluation.template, vectors, evaluation.max_samples)
+            for name, path in eval_sets(evaluation.eval_files, evaluation.eval_file).items()}
+
+
 def is_word_match(text: str, target: str) -> bool:
     """Whether `target` appears in `text` as a whole word, ignoring case ("red" is not in "bred")."""
     return re.search(r"\b" + re.escape(target.lower()) + r"\b", text.lower()) is not None

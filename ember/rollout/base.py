@@ -72,6 +72,10 @@ class SamplingParams:
         return self.top_k > 0
 
 
+INJECTION_MODES = ("replace", "add")
+"""How an injected vector meets the token's embedding output: replace it (the NLA fork's), or be added to it."""
+
+
 @dataclass(frozen=True)
 class Injection:
     """NLA: a vector written over one prompt token's input embedding during prefill."""

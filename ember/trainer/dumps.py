@@ -37,6 +37,17 @@ def sequence_advantages(advantages: torch.Tensor, response_mask: torch.Tensor) -
     return (advantages * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
 
 
+def advantages_in_generation_order(batch, order) -> torch.Tensor:
+    """[B] `sequence_advantages` of a scored batch, put back in generation order (`order`: the balanced batch's
+    sample i is generated sample order[i]; None when the batch was not reordered)."""
+    advantages = sequence_advantages(batch.advantages, batch.response_mask)
+    if order is None:
+        return advantages
+    restored = torch.empty_like(advantages)
+    restored[torch.as_tensor(order)] = advantages
+    return restored
+
+
 def write_generations(directory: str, step: int, records: list[dict]) -> str:
     """Writes `records` to `<directory>/<step>.jsonl` (replacing a file a resumed run left there)."""
     os.makedirs(directory, exist_ok=True)

@@ -25,10 +25,11 @@ from ember.config.schema.nla_train import NLATrainConfig
 from ember.data.batch import Batch
 from ember.distributed.device import rank
 from ember.nla.data import NLAPromptRecord
-from ember.nla.eval import eval_sampling, eval_sets, evaluate, read_eval_set, should_evaluate
+from ember.nla.data import reading_options
+from ember.nla.eval import eval_sampling, evaluate, read_eval_sets, should_evaluate, write_explanations
 from ember.rollout import Injection
 from ember.trainer.experience import Experience, Scores
-from ember.trainer.dumps import sequence_advantages, write_generations
+from ember.trainer.dumps import advantages_in_generation_order, write_generations
 from ember.trainer.metrics import timed
 from ember.trainer.nla_setup import build_nla_components
 from ember.trainer.rl import RLTrainer
@@ -51,20 +52,10 @@ class NLARLTrainer(RLTrainer):
         self.critic_prompt_ids = critic_prompt_ids
         self.reconstruction: Batch | None = None  # this step's reconstructor batch, for its update
         self.random_control = data_variant(cfg.data.train_files) == "random"
-        self.eval_sets = self._read_eval_sets() if cfg.nla_eval.enabled else {}
-
-    def _read_eval_sets(self):
-        from ember.nla.checks import model_hidden_size
-        from ember.nla.data import vector_options
-        from ember.nla.marker import choose_marker
-
-        cfg, tokenizer = self.cfg, self.parts.tokenizer
-        model = cfg.actor_rollout_ref.model
-        marker = choose_marker(tokenizer, cfg.nla.injection.injection_token)
-        vectors = vector_options(cfg.nla, model_hidden_size(model.path, model.trust_remote_code))
-        evaluation = cfg.nla_eval
-        return {name: read_eval_set(path, tokenizer, marker, evaluation.template, vectors, evaluation.max_samples)
-                for name, path in eval_sets(evaluation.eval_files, evaluation.eval_file).items()}
+        model, tokenizer = cfg.actor_rollout_ref.model, parts.tokenizer
+        self.eval_sets = (read_eval_sets(cfg.nla_eval, tokenizer, *reading_options(cfg.nla, tokenizer, model.path,
+                                                                                   model.trust_remote_code))
+                          if cfg.nla_eval.enabled else {})
 
     def generate_and_score(self, prompts: list[NLAPromptRecord], timings: dict[str, float]):
         parts, mode = self.parts, self.cfg.nla.injection.mode
@@ -110,8 +101,6 @@ class NLARLTrainer(RLTrainer):
     def nla_evaluate(self) -> dict[str, float]:
         """The fork's string-match evaluation of the current actor; explanations written under
         `default_local_dir/nla_eval/<set>/<step>.jsonl`."""
-        from ember.nla.eval import write_explanations
-
         parts = self.parts
         sampling = eval_sampling(self.cfg.nla_eval, parts.eos_token_ids, seed=self.cfg.trainer.seed)
         if parts.noise is not None:
@@ -128,11 +117,7 @@ class NLARLTrainer(RLTrainer):
     def dump_rollouts(self, experience, scored, batch, order) -> None:
         """This step's explanations to `trainer.rollout_data_dir`: prompt, explanation, reward, advantage and
         where the vector came from."""
-        advantages = sequence_advantages(batch.advantages, batch.response_mask)
-        if order is not None:
-            restored = torch.empty_like(advantages)
-            restored[torch.as_tensor(order)] = advantages
-            advantages = restored
+        advantages = advantages_in_generation_order(batch, order)
         records = [{"input": record.prompt_text, "output": text, "score": float(score), "advantage": float(advantage),
                     "step": self.step, **{key: value for key, value in record.provenance.items()
                                           if isinstance(value, (str, int, float))}}

@@ -14,9 +14,7 @@ import logging
 from ember.config.nla_rules import data_variant
 from ember.config.schema.nla_train import NLATrainConfig
 from ember.data.prompt_loader import PromptLoader
-from ember.nla.checks import model_hidden_size
-from ember.nla.data import NLAPromptDataset, vector_options
-from ember.nla.marker import choose_marker
+from ember.nla.data import NLAPromptDataset, reading_options
 from ember.trainer.rank_setup import load_tokenizer, run_noise_injection, stop_token_ids
 from ember.trainer.rl_setup import RLComponents, build_worker_groups, total_training_steps
 from ember.trainer.role_groups import ActorGroup, ReconstructorGroup, ReferenceGroup, RolloutGroup
@@ -28,8 +26,7 @@ def build_nla_components(cfg: NLATrainConfig) -> tuple[RLComponents, list[int]]:
     """The driver's parts of an NLA run, and the token ids of `critic.critic_prompt` (none when unset)."""
     arr, data = cfg.actor_rollout_ref, cfg.data
     tokenizer = load_tokenizer(cfg)
-    marker = choose_marker(tokenizer, cfg.nla.injection.injection_token)
-    vectors = vector_options(cfg.nla, model_hidden_size(arr.model.path, arr.model.trust_remote_code))
+    marker, vectors = reading_options(cfg.nla, tokenizer, arr.model.path, arr.model.trust_remote_code)
     dataset = NLAPromptDataset(data.train_files, tokenizer, marker, vectors, prompt_key=data.prompt_key,
                                max_prompt_length=data.max_prompt_length, truncation=data.truncation,
                                position=cfg.nla.injection.position)

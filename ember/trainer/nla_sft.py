@@ -14,6 +14,7 @@ Validation reports the actor's NLL per response token, or the critic's MSE, as `
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 
 import torch
@@ -23,12 +24,11 @@ from ember.data.batch import Batch
 from ember.data.sft_dataset import SFTExample
 from ember.distributed.device import init_distributed, shutdown_distributed, world_size
 from ember.engines.base import MicroBatchSpec
-from ember.nla.checks import model_hidden_size
-from ember.nla.data import NLASFTDataset, NLASFTExample, vector_options
-from ember.nla.marker import choose_marker
+from ember.nla.data import NLASFTDataset, NLASFTExample, reading_options
 from ember.trainer.rank_setup import build_engine, use_configured_device
 from ember.trainer.sft import SFTTrainer, check_sft_config, sft_optim_options
-from ember.trainer.sft_step import sft_batch, sft_loss
+from ember.trainer.sft_step import (EVAL_EXAMPLES_PER_TOKEN_BUDGET_FORWARD, EVAL_MICRO_BATCHES_PER_FORWARD, sft_batch,
+                                    sft_loss)
 from ember.workers.reconstructor import mse_loss, reconstruction_batch, squared_errors
 
 logger = logging.getLogger("ember.nla")
@@ -71,11 +71,15 @@ class NLASFTTrainer(SFTTrainer):
         epochs = self.cfg.nla.critic_epochs if self.trains_critic else None
         return epochs or self.cfg.trainer.total_epochs
 
+    @functools.cached_property
+    def reading(self):
+        """(marker, vector options) of the train and validation files alike."""
+        return reading_options(self.cfg.nla, self.tokenizer, self.cfg.model.partial_pretrain,
+                               self.cfg.model.trust_remote_code)
+
     def build_dataset(self, files) -> NLASFTDataset:
         cfg = self.cfg
-        marker = choose_marker(self.tokenizer, cfg.nla.injection.injection_token)
-        vectors = vector_options(cfg.nla, model_hidden_size(cfg.model.partial_pretrain, cfg.model.trust_remote_code))
-        return NLASFTDataset(files, self.tokenizer, marker, vectors, prompt_key=cfg.data.prompt_key,
+        return NLASFTDataset(files, self.tokenizer, *self.reading, prompt_key=cfg.data.prompt_key,
                              response_key=cfg.data.response_key, max_length=cfg.data.max_length,
                              truncation=cfg.data.truncation)
 
@@ -106,7 +110,7 @@ class NLASFTTrainer(SFTTrainer):
         """The critic's summed MSE over its examples, or the actor's summed NLL over response tokens."""
         pad = self.tokenizer.pad_token_id
         spec = MicroBatchSpec.of(self.micro_batches)
-        chunk = spec.size * 8 if spec.size else 256
+        chunk = spec.size * EVAL_MICRO_BATCHES_PER_FORWARD if spec.size else EVAL_EXAMPLES_PER_TOKEN_BUDGET_FORWARD
         total, count = 0.0, 0
         for start in range(0, len(examples), chunk):
             part = examples[start:start + chunk]

@@ -37,7 +37,7 @@ from ember.trainer.rl_setup import RLComponents, build_components
 from ember.trainer.resume import resume_from_checkpoint
 from ember.trainer.run_state import save_run_state
 from ember.trainer.summary import finish_rl_run
-from ember.trainer.dumps import generation_records, sequence_advantages, write_generations
+from ember.trainer.dumps import advantages_in_generation_order, generation_records, write_generations
 from ember.trainer.dynamic_sampling import sample_dynamically, shape_overlong
 from ember.trainer.validation import validate, validation_sampling
 
@@ -203,13 +203,8 @@ class RLTrainer:
     def dump_rollouts(self, experience, scored, batch, order) -> None:
         """This step's samples to `trainer.rollout_data_dir`, in generation order (`order`: the
         balanced batch's sample i is generated sample order[i])."""
-        advantages = sequence_advantages(batch.advantages, batch.response_mask)
-        if order is not None:
-            restored = torch.empty_like(advantages)
-            restored[torch.as_tensor(order)] = advantages
-            advantages = restored
         write_generations(self.cfg.trainer.rollout_data_dir, self.step,
-                          generation_records(experience, scored, self.step, advantages))
+                          generation_records(experience, scored, self.step, advantages_in_generation_order(batch, order)))
 
     def greedy_reward_baselines(self, prompts) -> torch.Tensor:
         """ReMax's baseline: the reward of one greedy response per prompt, for each of its samples."""
