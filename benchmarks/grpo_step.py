@@ -32,7 +32,6 @@ dependency: `pip install trl datasets` to compare.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import sys
@@ -101,8 +100,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-trl", action="store_true", help="do not run TRL (and do not import it)")
     parser.add_argument("--commit", default=None, help="commit to report; default: `git rev-parse --short HEAD`")
     parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
-    parser.add_argument("--profile", default=None, metavar="FILE",
-                        help="profile ember's last step (torch.profiler) and write its top operators to FILE")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="profile ember's last step (global_profiler): each process's trace, top operators and "
+                             "phase table (wall, device busy and idle time per phase) under DIR/<run>/step_N")
     parser.add_argument("--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false",
                         help="both frameworks keep activations instead of recomputing them (more memory, less work)")
     return parser.parse_args(argv)
@@ -137,17 +137,24 @@ def ember_overrides(workload: Workload, model_dir: str, data_file: str, reward_f
             "trainer.val_before_train=False"]
 
 
-def run_ember(workload: Workload, overrides: list[str], profile_file: str | None = None,
+def run_ember(workload: Workload, overrides: list[str], profile_dir: str | None = None,
               use_ray: bool = False) -> FrameworkResult:
     """`workload.total_steps` calls of `RLTrainer.train_step`, as `ember train` makes them; `use_ray`:
-    the roles in a Ray worker process instead of this one (the multi-GPU path at one GPU)."""
+    the roles in a Ray worker process instead of this one (the multi-GPU path at one GPU); the last
+    step profiled into `profile_dir` if given."""
+    steps = workload.total_steps
+    if profile_dir is not None:  # one more step, profiled and not timed
+        steps += 1
+        overrides = overrides + [f"trainer.total_training_steps={steps}", "global_profiler.tool=torch",
+                                 f"global_profiler.steps=[{steps}]",
+                                 f"global_profiler.save_path={os.path.join(profile_dir, 'ray' if use_ray else 'in-process')}"]
     cfg = load_config(overrides)
     check_implemented(cfg)
     reset_peak_memory()
     memory_before = allocated_memory_gib()
     trainer = RLTrainer(cfg, build_components(cfg, use_ray=use_ray))
     try:
-        step_s, step_metrics = time_ember_steps(trainer, workload, profile_file)
+        step_s, step_metrics = time_ember_steps(trainer, steps)
     finally:
         trainer.parts.reward_manager.close()
         trainer.parts.shutdown()
@@ -155,10 +162,10 @@ def run_ember(workload: Workload, overrides: list[str], profile_file: str | None
     peak_memory = peak_memory_gib()
     del trainer
     release_ember()
-    timed = step_metrics[workload.warmup:]
+    timed = step_metrics[workload.warmup:workload.total_steps]
     phases = sorted({key for metrics in timed for key in metrics if key.startswith("timing_s/")})
     return FrameworkResult(
-        framework="ember (Ray worker)" if use_ray else "ember", step_s=step_s[workload.warmup:],
+        framework="ember (Ray worker)" if use_ray else "ember", step_s=step_s[workload.warmup:workload.total_steps],
         phases_s={key.removeprefix("timing_s/"): [metrics.get(key, 0.0) for metrics in timed] for key in phases},
         tokens_per_step=timed[-1]["perf/total_num_tokens"], peak_memory_gib=peak_memory,
         notes={"response_length_mean": timed[-1]["response_length/mean"], "memory_before_gib": memory_before,
@@ -167,36 +174,19 @@ def run_ember(workload: Workload, overrides: list[str], profile_file: str | None
                "master_dtype": cfg.actor_rollout_ref.actor.fsdp_config.model_dtype})
 
 
-def time_ember_steps(trainer: RLTrainer, workload: Workload,
-                     profile_file: str | None = None) -> tuple[list[float], list[dict[str, float]]]:
-    """Wall time (device synchronised) and metrics of each step; the last one profiled into `profile_file` if given."""
+def time_ember_steps(trainer: RLTrainer, steps: int) -> tuple[list[float], list[dict[str, float]]]:
+    """Wall time (device synchronised) and metrics of each of `steps` steps."""
     step_s, step_metrics = [], []
-    for prompts in trainer.parts.train_loader:
+    while trainer.step < steps:
+        prompts = trainer.next_prompts()
         trainer.step += 1
-        profiling = profile_file is not None and trainer.step == workload.total_steps
-        profiler = torch.profiler.profile() if profiling else contextlib.nullcontext()
         start = time.perf_counter()
-        with profiler:
-            metrics = trainer.train_step(prompts)
-            synchronize()
+        metrics = trainer.train_step(prompts)
+        synchronize()
         step_s.append(time.perf_counter() - start)
-        if profiling:
-            write_profile(profiler, profile_file)
         step_metrics.append(metrics)
-        print(f"ember step {trainer.step}/{workload.total_steps}: {step_s[-1]:.2f} s", flush=True)
-        if trainer.step == workload.total_steps:
-            break
+        print(f"ember step {trainer.step}/{steps}: {step_s[-1]:.2f} s", flush=True)
     return step_s, step_metrics
-
-
-def write_profile(profiler: torch.profiler.profile, path: str) -> None:
-    """The profiled step's operators, by device time and by host time, 40 rows each."""
-    averages = profiler.key_averages()
-    device_key = "device_time_total" if hasattr(averages[0], "device_time_total") else "cuda_time_total"
-    with open(path, "w") as handle:
-        handle.write(averages.table(sort_by=device_key, row_limit=40) + "\n")
-        handle.write(averages.table(sort_by="cpu_time_total", row_limit=40) + "\n")
-    print(f"profile of the last ember step: {path}", flush=True)
 
 
 # --- TRL -------------------------------------------------------------------------------------------
@@ -324,10 +314,10 @@ def main(argv: list[str] | None = None) -> int:
             overrides = ember_overrides(workload, model_dir, data_file, reward_file, run_dir, args.ember_max_num_seqs)
             ray_overrides = overrides + args.ember_override + [f"trainer.default_local_dir={run_dir}-ray"]
             if args.ray and args.ray_first:
-                summaries.append(run_ember(workload, ray_overrides, use_ray=True).summary())
+                summaries.append(run_ember(workload, ray_overrides, args.profile, use_ray=True).summary())
             summaries.append(run_ember(workload, overrides + args.ember_override, args.profile).summary())
             if args.ray and not args.ray_first:
-                summaries.append(run_ember(workload, ray_overrides, use_ray=True).summary())
+                summaries.append(run_ember(workload, ray_overrides, args.profile, use_ray=True).summary())
         if not args.skip_trl:
             summaries.append(run_trl(workload, model_dir, prompts, reward_file, os.path.join(work_dir, "trl-run"),
                                      args.seed).summary())

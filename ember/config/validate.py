@@ -276,7 +276,7 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
     if cfg.algorithm.adv_estimator == "gae" and not critic.enable:
         errors.append("algorithm.adv_estimator=gae needs a critic but critic.enable=false; "
                       "remove critic.enable=false or choose a critic-free estimator such as grpo")
-    errors += _dapo_errors(cfg)
+    errors += _dapo_errors(cfg) + _profiler_errors(cfg)
     if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path is None:
         errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (the checkpoint folder to resume from)")
     if cfg.reward_model.enable and cfg.reward_model.model.path is None:
@@ -284,6 +284,21 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
     for path in (f"{_ACTOR}.optim", "critic.optim"):
         errors += _betas_errors(f"{path}.betas", value_at(cfg, path).betas)
     return errors + placement_errors(cfg)
+
+
+def _profiler_errors(cfg: EmberConfig) -> list[str]:
+    profiler = cfg.global_profiler
+    if profiler.tool is None:
+        return ([f"global_profiler.steps={profiler.steps} profiles nothing without a tool: add global_profiler.tool=torch"]
+                if profiler.steps else [])
+    if profiler.tool != "torch":
+        return [f"global_profiler.tool={profiler.tool} is not implemented yet; use torch (torch.profiler traces with "
+                "a phase table per process)"]
+    if not profiler.steps:
+        return ["global_profiler.tool=torch needs global_profiler.steps, the training steps to profile, e.g. [2]"]
+    if min(profiler.steps) < 1:
+        return [f"global_profiler.steps={profiler.steps}: steps count from 1"]
+    return []
 
 
 def sft_accumulation_note(cfg: SFTConfig) -> str | None:

@@ -24,6 +24,7 @@ from ember.inference.kv_cache import KVCache
 from ember.inference.models.decoder import DecoderForCausalLM
 from ember.inference.sampling import sample_next_tokens
 from ember.inference.sequence import Sequence
+from ember.profiling import phase
 from ember.rollout.base import SamplingParams
 
 
@@ -129,15 +130,20 @@ class DecodeRunner:
         """The captured step for `rows` rows and this sampling setting, captured on first use on padding rows."""
         key = (rows, sampling.greedy, sampling.temperature, sampling.top_k, sampling.top_p)
         if key not in self.graphs:
-            self._load_rows([], rows)
-            side_stream = torch.cuda.Stream(self.device)
-            side_stream.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side_stream):
-                for _ in range(2):  # compiles the Triton kernels and warms cuBLAS before capture
-                    self._step(rows, sampling)
-            torch.cuda.current_stream(self.device).wait_stream(side_stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.graph_pool):
-                self._step(rows, sampling)
-            self.graphs[key] = graph
+            with phase("engine/graph_capture"):
+                self.graphs[key] = self._capture(rows, sampling)
         return self.graphs[key]
+
+    def _capture(self, rows: int, sampling: SamplingParams) -> torch.cuda.CUDAGraph:
+        """A decode step for `rows` rows captured as a graph, after two warm-up runs on padding rows."""
+        self._load_rows([], rows)
+        side_stream = torch.cuda.Stream(self.device)
+        side_stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side_stream):
+            for _ in range(2):  # compiles the Triton kernels and warms cuBLAS before capture
+                self._step(rows, sampling)
+        torch.cuda.current_stream(self.device).wait_stream(side_stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.graph_pool):
+            self._step(rows, sampling)
+        return graph

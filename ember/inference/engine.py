@@ -33,6 +33,7 @@ from ember.inference.models import build_model, load_hf_config, load_weights, re
 from ember.inference.sampling import sample_next_tokens, sequence_seed
 from ember.inference.scheduler import ScheduledStep, Scheduler
 from ember.inference.sequence import Sequence
+from ember.profiling import phase
 from ember.rollout.base import INJECTION_MODES, Injection, SamplingParams
 
 
@@ -138,11 +139,13 @@ class LLMEngine:
         while not self.scheduler.is_finished():
             step = self.scheduler.schedule(lookahead=self.config.decode_window)
             if step.is_prefill:
-                tokens, log_probs = self._prefill(step, sampling)
+                with phase("engine/prefill"):
+                    tokens, log_probs = self._prefill(step, sampling)
             else:
                 running = step.decode_sequences
                 steps = min(self.config.decode_window, max(s.max_new_tokens - s.num_generated for s in running))
-                tokens, log_probs = self.decoder.run(running, steps, sampling)
+                with phase("engine/decode"):
+                    tokens, log_probs = self.decoder.run(running, steps, sampling)
             self._accept(step.sequences, tokens, log_probs, stop_token_ids)
         return sequences
 

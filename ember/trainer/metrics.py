@@ -9,14 +9,16 @@ from contextlib import contextmanager
 import torch
 
 from ember.data.batch import Batch
+from ember.profiling import phase
 
 
 @contextmanager
 def timed(timings: dict[str, float], name: str):
-    """Adds the wall time of the block to `timings[name]` (seconds)."""
+    """Adds the wall time of the block to `timings[name]` (seconds); in a profile it is phase `name`."""
     start = time.perf_counter()
     try:
-        yield
+        with phase(name):
+            yield
     finally:
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
 

@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ember.config.schema import EmberConfig
-from ember.distributed.device import init_distributed, peak_memory_bytes
+from ember.distributed.device import init_distributed, peak_memory_bytes, rank
+from ember.profiling import PROCESS_PROFILE, phase
 
 
 class RankWorker:
@@ -27,12 +28,22 @@ class RankWorker:
         # this rank's process group (a one-rank group in the driver's process)
         init_distributed(timeout_s=cfg.actor_rollout_ref.nccl_timeout)
         self.roles = build_rank_roles(cfg, tuple(roles), total_steps)
+        self.name = f"{'+'.join(roles)}_rank{rank()}"  # its profiles' file names
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.roles[role], method)(*args, **kwargs)
+        with phase(f"{role}.{method}"):
+            return getattr(self.roles[role], method)(*args, **kwargs)
 
     def call_measured(self, role: str, method: str, *args: Any, **kwargs: Any) -> tuple[Any, float, int]:
         """`call`, with the seconds it took on this rank and this process's peak memory after it."""
         start = time.perf_counter()
         result = self.call(role, method, *args, **kwargs)
         return result, time.perf_counter() - start, peak_memory_bytes()
+
+    def start_profile(self) -> None:
+        """Profile this process until `stop_profile` (global_profiler)."""
+        PROCESS_PROFILE.start()
+
+    def stop_profile(self, folder: str) -> tuple[str, str]:
+        """Write this process's profile into `folder`; its name and phase table."""
+        return self.name, PROCESS_PROFILE.stop(folder, self.name)

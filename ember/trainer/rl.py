@@ -36,6 +36,7 @@ from ember.trainer.rank_setup import use_configured_device
 from ember.trainer.rl_setup import RLComponents, build_components
 from ember.trainer.resume import resume_from_checkpoint
 from ember.trainer.run_state import save_run_state
+from ember.trainer.step_profiler import StepProfiler
 from ember.trainer.summary import finish_rl_run
 from ember.trainer.dumps import advantages_in_generation_order, generation_records, write_generations
 from ember.trainer.dynamic_sampling import sample_dynamically, shape_overlong
@@ -66,6 +67,7 @@ class RLTrainer:
                                    tracked_run=TrackedRun.of(cfg))
         self.guard = BadStepGuard(cfg.trainer.max_loss_or_grad_norm)
         self.validation_history: list[tuple[int, dict[str, float]]] = []
+        self.profiler = StepProfiler(cfg.global_profiler, parts.worker_groups())
 
     def checkpointed_roles(self) -> list[tuple[str, object]]:
         """The roles a checkpoint holds, under their folder names: the actor, and the critic if any
@@ -109,6 +111,11 @@ class RLTrainer:
         return finish_rl_run(self, time.monotonic() - start_time)
 
     def train_step(self, prompts) -> dict[str, float]:
+        """One step on `prompts` (profiled when `global_profiler.steps` names it); its metrics."""
+        with self.profiler.around(self.step):
+            return self.run_step(prompts)
+
+    def run_step(self, prompts) -> dict[str, float]:
         cfg, parts = self.cfg, self.parts
         timings: dict[str, float] = {}
         with timed(timings, "step"):

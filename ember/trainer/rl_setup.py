@@ -50,11 +50,16 @@ class RLComponents:
     def shutdown(self) -> None:
         """Write the Ray timeline when asked for one, then stop the worker processes of every pool (a
         no-op for roles in this process)."""
-        groups = {id(role.group): role.group for role in (self.actor, self.reference, self.critic) if role is not None}
-        if self.timeline_file and any(isinstance(group, RayWorkerGroup) for group in groups.values()):
+        groups = self.worker_groups()
+        if self.timeline_file and any(isinstance(group, RayWorkerGroup) for group in groups):
             write_timeline(self.timeline_file)
-        for group in groups.values():
+        for group in groups:
             group.shutdown()
+
+    def worker_groups(self) -> list:
+        """The run's worker groups, each once (roles of one pool share one)."""
+        groups = {id(role.group): role.group for role in (self.actor, self.reference, self.critic) if role is not None}
+        return list(groups.values())
 
 
 def uses_critic(cfg: EmberConfig) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 
+from ember.profiling import phase
 from ember.rollout import Injection, RolloutEngine, RolloutOutput, SamplingParams
 from ember.workers.actor import Actor
 from ember.workers.noise_injection import NoiseInjection
@@ -56,17 +57,19 @@ class PolicyRollout:
     def sleep(self) -> None:
         """With rollout.free_cache_engine, hand the KV cache back for training until the next `generate`."""
         if self.free_cache_engine and not self.asleep:
-            self.rollout.sleep()
+            with phase("rollout/sleep"):
+                self.rollout.sleep()
             self.asleep = True
 
     def prepare(self) -> None:
         """Awake and holding the actor's current weights (sent in buckets if the actor has changed since the last sync)."""
         if self.asleep:
-            self.rollout.wake()
+            with phase("rollout/wake"):
+                self.rollout.wake()
             self.asleep = False
         stale = self.synced_version != self.actor.version or self.synced_noise_step != self.noise_step
         if not self.rollout.shares_training_weights and stale:
-            with self.actor.engine.resident():
+            with phase("rollout/weight_sync"), self.actor.engine.resident():
                 for bucket in self.actor.engine.named_parameters_for_sync():
                     if self.noise_step is not None:
                         bucket = self.noise.apply(bucket, self.noise_step)

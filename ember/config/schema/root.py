@@ -13,6 +13,7 @@ from ember.config.schema.base import field_, section
 from ember.config.schema.critic import CriticConfig
 from ember.config.schema.data import DataConfig
 from ember.config.schema.model import ModelConfig
+from ember.config.schema.profiler import GlobalProfilerConfig
 from ember.config.schema.ref import RefConfig
 from ember.config.schema.resources import RayInitConfig, RayKwargsConfig, ResourcePoolConfig
 from ember.config.schema.reward import CustomRewardFunctionConfig, RewardModelConfig
@@ -56,3 +57,4 @@ class EmberConfig:
     resource_pool: ResourcePoolConfig = section(ResourcePoolConfig, "which GPUs each role uses")
     ray_init: RayInitConfig = section(RayInitConfig, "Ray start-up for multi-GPU runs (also written ray_kwargs.ray_init)")
     ray_kwargs: RayKwargsConfig = section(RayKwargsConfig, "the NLA fork's named resource pools (ray_kwargs.resource_pool)")
+    global_profiler: GlobalProfilerConfig = section(GlobalProfilerConfig, "torch.profiler traces of chosen steps")

@@ -44,6 +44,7 @@ from ember.engines.varlen_attention import packed_attention_implementation
 from ember.models.loading import resolve_dtype
 from ember.models.reconstructor import compute_reconstruction, trained_parameters
 from ember.models.value_model import compute_response_values
+from ember.profiling import phase
 
 ROLES = ("actor", "critic", "ref", "reconstructor")
 logger = logging.getLogger(__name__)
@@ -202,27 +203,29 @@ class FSDPEngine(TrainEngine):
         for micro in micros:
             micro = micro.to(self.device)
             aux_losses: list[Tensor] = []
-            with self._recording_expert_load(micro):
+            with phase("train/forward"), self._recording_expert_load(micro):
                 output = self._model_output(micro, compute_entropy, temperature, entropy_grad, aux_losses)
-            loss, metrics = loss_fn(output, micro, context)
+                loss, metrics = loss_fn(output, micro, context)
             if self.router_aux_coef and aux_losses:  # a share of the mean over every micro-batch of every rank
                 aux = aux_losses[0].to(loss.device)
                 loss = loss + self.router_aux_coef * aux / (len(micros) * context.dp_size)
                 metrics = {**metrics, "moe/aux_loss": aux.detach()}
             # FSDP averages gradients over ranks; the shares are normalised by global counts.
-            (loss * context.dp_size).backward()
+            with phase("train/backward"):
+                (loss * context.dp_size).backward()
             loss_share_total += loss.detach()
             for key, value in metrics.items():
                 value = value.detach() if isinstance(value, Tensor) else value
                 metric_totals[key] = metric_totals.get(key, 0.0) + value
 
-        grad_norm = self._clip_gradients()
-        lr = self.lr_scheduler.get_last_lr()[0]
-        skipped = not math.isfinite(grad_norm)
-        if not skipped:  # a skipped update does not advance the schedule either
-            self.optimizer.step()
-            self.lr_scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        with phase("train/optimizer_step"):
+            grad_norm = self._clip_gradients()
+            lr = self.lr_scheduler.get_last_lr()[0]
+            skipped = not math.isfinite(grad_norm)
+            if not skipped:  # a skipped update does not advance the schedule either
+                self.optimizer.step()
+                self.lr_scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
 
         keys = sorted(metric_totals)
         local = torch.stack([torch.as_tensor(value, dtype=torch.float64, device=self.device)
