@@ -66,10 +66,13 @@ class DecodeRunner:
         self.block_tables = torch.full((rows, max_blocks_per_sequence), trash_block, dtype=torch.long, device=self.device)
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
+        self.kv_address: int | None = None  # the KV cache's address the captured graphs read
 
     def drop_graphs(self) -> None:
-        """Forget the captured graphs (they point at the KV cache: call when it is freed) and their memory pool."""
+        """Forget the captured graphs (they read the weights' and the KV cache's memory: call when either
+        moves) and their memory pool."""
         self.graphs.clear()
+        self.kv_address = None
         if self.use_cuda_graphs:  # a pool dies with its last graph: later captures need a new one
             self.graph_pool = torch.cuda.graph_pool_handle()
 
@@ -132,6 +135,7 @@ class DecodeRunner:
         if key not in self.graphs:
             with phase("engine/graph_capture"):
                 self.graphs[key] = self._capture(rows, sampling)
+            self.kv_address = self.kv_cache.address
         return self.graphs[key]
 
     def _capture(self, rows: int, sampling: SamplingParams) -> torch.cuda.CUDAGraph:

@@ -233,13 +233,19 @@ class LLMEngine:
             self.decoder.drop_graphs()  # captured graphs read the old weights' memory
 
     def free_kv_cache(self) -> None:
-        """Release the KV cache's memory (between rollouts); `generate` is refused until `allocate_kv_cache`."""
+        """Release the KV cache's memory (between rollouts); `generate` is refused until `allocate_kv_cache`.
+        Captured graphs are kept (with their own small memory pool): they replay only after the
+        cache is allocated again, and only if it came back at the same address."""
         if not self.scheduler.is_finished():
             raise RuntimeError("free_kv_cache called while sequences are generating")
-        self.decoder.drop_graphs()  # they point at the cache's memory
         self.kv_cache.free()
         empty_cache()
 
     def allocate_kv_cache(self) -> None:
-        """Take the KV cache's memory again after `free_kv_cache`."""
+        """Take the KV cache's memory again after `free_kv_cache`; graphs captured over its old
+        address are dropped if it moved (re-captured on first use)."""
+        if not self.kv_cache.is_allocated:
+            empty_cache()  # what training left cached goes back first, so the cache can return where it was
         self.kv_cache.allocate()
+        if self.decoder.kv_address not in (None, self.kv_cache.address):
+            self.decoder.drop_graphs()

@@ -1,9 +1,11 @@
 """KVCache: the paged key/value cache of every layer, and how many blocks of it fit in memory.
 
 Each layer holds a key and a value tensor of shape (num_blocks, block_size, kv_heads,
-head_dim); the `BlockManager` decides which sequence owns which block. `free` drops the
-tensors (the engine's `sleep`) and `allocate` creates them again (`wake`): the cache's
-contents never outlive a `generate` call, so nothing is saved across.
+head_dim), views of one allocation; the `BlockManager` decides which sequence owns which
+block. `free` drops the tensors (the engine's `sleep`) and `allocate` creates them again
+(`wake`): the cache's contents never outlive a `generate` call, so nothing is saved across.
+One allocation of one size tends to come back at the same address (`address`), which lets
+the engine keep CUDA graphs captured over it.
 """
 
 from __future__ import annotations
@@ -45,13 +47,13 @@ class KVCache:
         """
         if self.layers:
             return
-        self.layers = [
-            (
-                torch.zeros(self.block_shape, dtype=self.dtype, device=self.device),
-                torch.zeros(self.block_shape, dtype=self.dtype, device=self.device),
-            )
-            for _ in range(self.num_layers)
-        ]
+        storage = torch.zeros((self.num_layers, 2, *self.block_shape), dtype=self.dtype, device=self.device)
+        self.layers = [(storage[layer, 0], storage[layer, 1]) for layer in range(self.num_layers)]
+
+    @property
+    def address(self) -> int | None:
+        """Where the cache's memory starts (None while freed)."""
+        return self.layers[0][0].data_ptr() if self.layers else None
 
     def free(self) -> None:
         """Drop the cache tensors so their memory can be reused (the caller empties the allocator's cache)."""

@@ -225,6 +225,22 @@ def test_update_weights_switches_to_the_new_model_and_sleep_frees_the_cache(fuse
     assert after != before
 
 
+def test_captured_graphs_survive_sleep_only_when_the_cache_comes_back_at_the_same_address(monkeypatch):
+    engine = engine_for(tiny_model("llama"))
+    keys, values = engine.kv_cache.layers[1]  # one allocation, viewed per layer
+    assert keys.is_contiguous() and keys.data_ptr() - engine.kv_cache.address == 2 * keys.nbytes
+    assert values.data_ptr() - keys.data_ptr() == keys.nbytes
+    decoder = engine.decoder
+    for address_at_capture in (0x1000, 0x2000):  # the cache comes back at 0x1000 (where the CPU allocator puts it is not ours to choose)
+        monkeypatch.setattr(type(engine.kv_cache), "address", property(lambda cache: 0x1000 if cache.layers else None))
+        decoder.graphs[("rows", 8)] = object()  # no graphs on CPU: a stand-in for a captured one
+        decoder.kv_address = address_at_capture
+        engine.free_kv_cache()
+        assert decoder.graphs and not engine.kv_cache.is_allocated  # kept while asleep
+        engine.allocate_kv_cache()
+        assert bool(decoder.graphs) is (address_at_capture == 0x1000)
+
+
 def test_fused_projections_are_filled_by_copy_when_the_rest_is_shared():
     model, source = tiny_model("qwen2", seed=0), tiny_model("qwen2", seed=1)
     engine = engine_for(model, fuse_projections=True)

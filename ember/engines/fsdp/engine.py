@@ -256,12 +256,14 @@ class FSDPEngine(TrainEngine):
 
     def _full_tensor(self, tensor: Tensor) -> Tensor:
         """The whole of a sharded tensor, gathered on the engine's device (CPU-offloaded shards are
-        copied there first: the collectives run on the accelerator); a plain tensor as it is."""
+        copied there first: the collectives run on the accelerator); a plain tensor as it is. At one
+        rank the local shard is the whole tensor: taken as it is, without DTensor's per-tensor
+        redistribution (host time that dominates a small model's weight sync)."""
         if not isinstance(tensor, DTensor):
             return tensor
         if tensor.device != self.device:
             tensor = tensor.to(self.device)
-        return tensor.full_tensor()
+        return tensor.to_local() if self.dp_size == 1 else tensor.full_tensor()
 
     def _all_reduce(self, tensor: Tensor, op: dist.ReduceOp) -> Tensor:
         tensor = tensor.to(self.device)
