@@ -41,14 +41,13 @@ _A = "actor_rollout_ref"
 
 
 def _megatron_rows(role: str) -> list[Row]:
-    """Megatron keys of a role whose code has not landed: offload of a trained role, initial weights
-    from a Megatron checkpoint, model-constructor overrides."""
+    """Megatron keys of a role whose code has not landed: initial weights from a Megatron checkpoint,
+    model-constructor overrides."""
     def megatron(cfg):
         section = value_at(cfg, role)
         return section.megatron if section.strategy == "megatron" and section.megatron is not None else None
 
-    return [*(_megatron_offload_rows(role) if role != f"{_A}.ref" else []),
-            (lambda cfg: megatron(cfg) is not None and megatron(cfg).use_dist_checkpointing,
+    return [(lambda cfg: megatron(cfg) is not None and megatron(cfg).use_dist_checkpointing,
              lambda cfg: f"{role}.megatron.use_dist_checkpointing=true (initial weights from a Megatron checkpoint) is "
                          "not implemented yet; start from the HF model (ember converts it with mbridge)"),
             (lambda cfg: megatron(cfg) is not None and bool(megatron(cfg).override_mcore_model_config),
@@ -58,13 +57,14 @@ def _megatron_rows(role: str) -> list[Row]:
 
 
 def _megatron_offload_rows(role: str) -> list[Row]:
-    """A trained role on strategy megatron cannot yet move its state to CPU between phases (the
-    reference can: it has only parameters)."""
+    """`ember sft` trains in one phase and never moves its engine off the device, so a Megatron offload
+    switch there would do nothing (the RL roles offload between phases: `engine.resident()`)."""
     return [(lambda cfg, key=key: value_at(cfg, role).strategy == "megatron"
              and getattr(value_at(cfg, role).megatron, key, False),
-             lambda cfg, key=key: f"{role}.megatron.{key}=true is not implemented yet for strategy megatron; "
-                                  "set it to false (or use strategy fsdp, whose offload works)")
+             lambda cfg, key=key: f"{role}.megatron.{key}=true is not implemented yet in ember sft (its loop keeps "
+                                  "the model on the device between steps); set it to false")
             for key in ("param_offload", "grad_offload", "optimizer_offload")]
+
 
 # The names registered in ember.algorithms (kept here so loading a config imports no torch;
 # tests/unit/test_config_features.py checks the two lists agree).
@@ -138,6 +138,7 @@ RL_UNIMPLEMENTED: list[Row] = [
 
 SFT_UNIMPLEMENTED: list[Row] = [
     *_megatron_rows("model"),
+    *_megatron_offload_rows("model"),
     _flag("model.lora_rank", "(LoRA) is not implemented yet; use 0"),
     _flag("ulysses_sequence_parallel_size"),
     _flag("model.use_liger"),

@@ -223,3 +223,32 @@ def test_ppo_with_megatron_actor_and_critic_runs(tmp_path):
     for step in (1, 2):
         assert metrics[step]["critic/grad_norm"] > 0 and metrics[step]["actor/grad_norm"] > 0
     assert (run_dir / "hf_model").is_dir()
+
+
+@pytest.mark.parametrize("use_distributed_optimizer", [True, False])
+def test_offload_frees_parameters_gradients_and_optimizer_and_updates_as_without_it(tmp_path,
+                                                                                     use_distributed_optimizer):
+    """With the distributed optimizer the parameters are views into DDP's buffer; without it each
+    parameter has its own storage and the optimizer is Float16OptimizerWithFloat16Params."""
+    model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
+    batch = make_batch(samples=8)
+    offloaded = megatron_engine(model_dir, use_distributed_optimizer=use_distributed_optimizer,
+                                param_offload=True, grad_offload=True, optimizer_offload=True)
+    plain = megatron_engine(model_dir, use_distributed_optimizer=use_distributed_optimizer)
+    elements = sum(param.numel() for param in {id(param): param for chunk in offloaded.chunks
+                                               for param in chunk.parameters()}.values())
+    # bf16 parameters, fp32 gradients, and the optimizer's fp32 master weights and two Adam moments
+    moved_bytes = elements * (2 + 4 + 3 * 4)
+
+    offloaded.offload()  # as every role is offloaded once built
+    for _ in range(2):
+        offloaded.onload()
+        got = offloaded.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=4)
+        resident = torch.cuda.memory_allocated()
+        offloaded.offload()
+        assert resident - torch.cuda.memory_allocated() >= 0.9 * moved_bytes
+        expected = plain.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=4)
+        assert got == pytest.approx(expected, rel=1e-5)
+    offloaded.onload()
+    torch.testing.assert_close(offloaded.forward(batch, micro_batch_size=4).log_probs,
+                               plain.forward(batch, micro_batch_size=4).log_probs)

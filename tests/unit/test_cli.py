@@ -94,10 +94,10 @@ def test_print_config_runs_nothing_and_skips_the_feature_check(monkeypatch, caps
 def test_real_run_refuses_an_unimplemented_switch_before_training(monkeypatch, capsys):
     fake_module(monkeypatch, "ember.trainer.rl", run_rl=lambda cfg: pytest.fail("must not train"))
     assert main(["train", "actor_rollout_ref.actor.strategy=megatron", "algorithm.adv_estimator=grpo",
-                 "actor_rollout_ref.actor.megatron.param_offload=true"]) == 2
-    assert capsys.readouterr().err == ("error: actor_rollout_ref.actor.megatron.param_offload=true is not implemented "
-                                       "yet for strategy megatron; set it to false (or use strategy fsdp, whose "
-                                       "offload works)\n")
+                 "actor_rollout_ref.actor.megatron.use_dist_checkpointing=true"]) == 2
+    assert capsys.readouterr().err == ("error: actor_rollout_ref.actor.megatron.use_dist_checkpointing=true (initial "
+                                       "weights from a Megatron checkpoint) is not implemented yet; start from the HF "
+                                       "model (ember converts it with mbridge)\n")
 
 
 def test_train_without_a_model_or_data_runs_the_builtin_demo_with_the_users_overrides_on_top(monkeypatch):

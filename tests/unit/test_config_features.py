@@ -15,12 +15,8 @@ def test_defaults_need_nothing_unimplemented():
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ([f"{A}.actor.strategy=megatron", "algorithm.adv_estimator=grpo", f"{A}.actor.megatron.param_offload=true"],
-     f"{A}.actor.megatron.param_offload=true is not implemented yet for strategy megatron"),
     ([f"{A}.actor.strategy=megatron", "algorithm.adv_estimator=grpo", f"{A}.rollout.name=hf"],
      f"{A}.rollout.name=hf generates with the actor's transformers module, which strategy megatron has not"),
-    ([f"{A}.actor.strategy=megatron", "critic.megatron.optimizer_offload=true"],
-     "critic.megatron.optimizer_offload=true is not implemented yet for strategy megatron"),
     ([f"{A}.rollout.name=vllm", f"{A}.rollout.require_named_engine=true"],
      f"{A}.rollout.name=vllm with rollout.require_named_engine=true: vllm itself is not available in ember"),
     (["trainer.noise_injection.enabled=true", f"{A}.rollout.name=hf"],
@@ -42,9 +38,12 @@ def test_each_unimplemented_switch_is_named(overrides, message):
     assert message in str(error.value)
 
 
-def test_a_megatron_actor_and_reference_with_reference_offload_are_implemented():
-    cfg = load_config([f"{A}.actor.strategy=megatron", f"{A}.ref.strategy=megatron", "algorithm.adv_estimator=grpo",
-                       f"{A}.actor.use_kl_loss=true", f"{A}.ref.megatron.param_offload=true"])
+def test_megatron_offload_of_actor_reference_and_critic_is_implemented():
+    offload = [f"{role}.megatron.{key}=true" for role in (f"{A}.actor", f"{A}.ref", "critic")
+               for key in ("param_offload", "grad_offload", "optimizer_offload")]
+    cfg = load_config([f"{A}.actor.strategy=megatron", f"{A}.ref.strategy=megatron", "critic.strategy=megatron",
+                       "algorithm.adv_estimator=gae", f"{A}.actor.use_kl_loss=true", *offload])
+    assert cfg.critic.megatron.optimizer_offload and cfg.actor_rollout_ref.actor.megatron.grad_offload
     assert unimplemented_features(cfg) == []
 
 

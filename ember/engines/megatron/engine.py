@@ -18,6 +18,10 @@ slice goes through `log_probs.py`'s vocabulary-parallel reductions.
 
 Attention runs on the padded batch with an explicit mask (causal, and no real token
 attends padding), so left-padded prompts compute what an unpadded forward computes.
+
+Between phases, `param_offload`, `grad_offload` and `optimizer_offload` leave parameters,
+gradients and optimizer state in CPU memory (`offload.py`: storages emptied and refilled in
+place, since megatron-core's DDP and optimizer hold views into them).
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from ember.engines.log_probs import replaced_forward
 from ember.engines.megatron.bridge import build_model_chunks, hf_named_weights, load_bridge, unwrapped
 from ember.engines.megatron.checkpoint import checkpoint_problem, export_hf, load_checkpoint, save_checkpoint
 from ember.engines.megatron.log_probs import vocab_parallel_log_probs
+from ember.engines.megatron.offload import MegatronOffload
 from ember.engines.megatron.options import MegatronOptions, checked_overrides, import_megatron
 from ember.engines.megatron.parallel import initialize_layout
 from ember.engines.megatron.value_head import attach_value_head
@@ -89,6 +94,8 @@ class MegatronEngine(TrainEngine):
         self.tp_group = mpu.get_tensor_model_parallel_group()
         self.optimizer = self._build_optimizer() if options.trains else None
         self.optimizer_steps = 0  # what the learning-rate schedule counts
+        self.offloader = MegatronOffload(params=options.param_offload, grads=options.grad_offload and options.trains,
+                                         optimizer=options.optimizer_offload and options.trains)
 
     def _wrap(self, chunks: list[nn.Module]) -> list[nn.Module]:
         """Chunks in bf16/fp16 behind Float16Module, and under megatron-core's DDP when they train."""
@@ -279,17 +286,12 @@ class MegatronEngine(TrainEngine):
     # --- memory between phases ---------------------------------------------------------------
 
     def offload(self) -> None:
-        """The reference's parameters go to CPU memory with `param_offload`; a trained role's
-        offload is refused at load time for now (config/features.py): its parameters are views
-        into megatron-core's DDP buffers, which must move as buffers."""
-        if self.options.param_offload and not self.options.trains:
-            for chunk in self.chunks:
-                chunk.to("cpu")
+        """Parameters, gradients and optimizer state to CPU memory as `param_offload`, `grad_offload`
+        and `optimizer_offload` say (storages emptied in place: `offload.py`)."""
+        self.offloader.offload(self.chunks, self.optimizer)
 
     def onload(self) -> None:
-        if self.options.param_offload and not self.options.trains:
-            for chunk in self.chunks:
-                chunk.to(self.device)
+        self.offloader.onload()
 
 
 def _output_layer(chunk: nn.Module) -> nn.Module | None:
