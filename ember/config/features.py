@@ -102,11 +102,10 @@ RL_UNIMPLEMENTED: list[Row] = [
      lambda cfg: f"trainer.noise_injection with {_A}.rollout.name=hf: the hf rollout generates with the actor's own "
                  "module, so noise would land on the trained weights; use rollout.name=ember (noise goes to its "
                  "copy only)"),
-    (lambda cfg: isinstance(cfg, NLATrainConfig) and "megatron" in (cfg.actor_rollout_ref.actor.strategy,
-                                                                      cfg.critic.strategy),
-     lambda cfg: "ember nla train with strategy megatron (the vector injected in Megatron's embedding, the "
-                 "reconstructor on megatron-core) is not implemented yet; use strategy fsdp2 for the actor and the "
-                 "critic (fsdp_config: {} in place of null)"),
+    (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.critic.strategy == "megatron",
+     lambda cfg: "ember nla train with critic.strategy=megatron (the reconstructor on megatron-core) is not "
+                 "implemented yet; use critic.strategy=fsdp2 (with critic.model.fsdp_config: {} in place of null); the "
+                 "actor may stay on megatron"),
     (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.algorithm.adv_estimator == "remax",
      lambda cfg: "ember nla train with algorithm.adv_estimator=remax (a greedy explanation's reconstruction as the "
                  "baseline) is not implemented yet; use grpo (the fork's), rloo or reinforce_plus_plus"),

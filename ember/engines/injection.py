@@ -21,7 +21,6 @@ from ember.data.batch import Batch
 from ember.rollout.base import INJECTION_MODES
 
 
-
 def injection_mask(batch: Batch, packed: bool = False) -> Tensor:
     """Bool mask over the model's input layout ([b, T], or [1, N] packed): the one token per sample whose
     embedding output the vector rewrites (none for a sample at position -1)."""
@@ -49,18 +48,27 @@ def rewrite_embeddings(output: Tensor, mask: Tensor, vectors: Tensor, mode: str)
     return torch.where(where, placed, output) if mode == "replace" else output + placed
 
 
-@contextmanager
-def injecting(model: nn.Module, batch: Batch, *, packed: bool = False, mode: str = "replace") -> Iterator[None]:
-    """Within the block, `model`'s forwards see `batch`'s vectors at their tokens (nothing when the batch
-    carries no `injection_positions`)."""
+def injection_inputs(batch: Batch, mode: str, packed: bool = False) -> tuple[Tensor, Tensor] | None:
+    """(mask, vectors) of `batch`'s injection, checked (`injection_mask`, `injected_rows`); None when the
+    batch carries no `injection_positions`. Every engine's hook starts from these."""
     if batch.injection_positions is None:
-        yield
-        return
+        return None
     if mode not in INJECTION_MODES:
         raise ValueError(f"injection mode {mode!r}: choose one of {INJECTION_MODES}")
     if batch.activation_vectors is None:
         raise ValueError("the batch names injection positions but carries no activation_vectors")
-    mask, vectors = injection_mask(batch, packed), injected_rows(batch)
+    return injection_mask(batch, packed), injected_rows(batch)
+
+
+@contextmanager
+def injecting(model: nn.Module, batch: Batch, *, packed: bool = False, mode: str = "replace") -> Iterator[None]:
+    """Within the block, `model`'s forwards see `batch`'s vectors at their tokens (nothing when the batch
+    carries no `injection_positions`)."""
+    injection = injection_inputs(batch, mode, packed)
+    if injection is None:
+        yield
+        return
+    mask, vectors = injection
 
     def hook(module: nn.Module, args, output: Tensor) -> Tensor:
         return rewrite_embeddings(output, mask, vectors, mode)

@@ -94,11 +94,12 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
     is megatron), else FSDP2. The speed switches come from wherever the caller's config keeps
     them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT; compiling
     from `actor.use_torch_compile`); the Megatron engine computes on padded batches and takes
-    none of them. `nla`: the FSDP engine's NLA options (injection_mode; output_layer_index and
-    truncate_at_layer of a reconstructor)."""
+    none of them. `nla`: NLA's options (injection_mode, which the Megatron engine takes too;
+    output_layer_index and truncate_at_layer of a reconstructor, FSDP2's only)."""
     if megatron is not None:
-        if nla or role == "reconstructor":
-            raise ValueError("NLA on strategy megatron is not implemented yet; use strategy fsdp2")
+        if role == "reconstructor" or set(nla) - {"injection_mode"}:
+            raise ValueError("NLA's reconstructor on strategy megatron is not implemented yet; use strategy fsdp2 "
+                             "for the critic")
         from ember.engines.megatron.engine import MegatronEngine
         from ember.engines.megatron.options import megatron_options
 
@@ -110,7 +111,7 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         if getattr(model_cfg, "override_config", None):
             logger.warning("%s on strategy megatron: model.override_config is not applied; set the fields in "
                            "megatron.override_model_config (HF config) or override_transformer_config", role)
-        return MegatronEngine(megatron_options(model_path, role, megatron, optim))
+        return MegatronEngine(megatron_options(model_path, role, megatron, optim, **nla))
     return FSDPEngine(EngineOptions(
         model_path=model_path, role=role, model_dtype=fsdp_config.model_dtype,
         param_dtype=compute_dtype(model_cfg.dtype), attn_implementation=model_cfg.attn_implementation,

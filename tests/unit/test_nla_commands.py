@@ -77,7 +77,7 @@ def test_train_on_megatron_checks_everything_then_stops_at_its_row(tmp_path, mod
     with caplog.at_level(logging.WARNING):
         assert nla("train", "--config-name", "runs/qwen_7b/rl_grpo_megatron", *tiny_run(tmp_path, model_dir),
                    "trainer.n_gpus_per_node=8") == 2
-    assert "error: ember nla train with strategy megatron" in capsys.readouterr().err
+    assert "error: ember nla train with critic.strategy=megatron" in capsys.readouterr().err
     assert "rollout.name=nla_sglang: ember generates with its own engine" in caplog.text
 
 

@@ -16,6 +16,10 @@ At TP = 1 the LM head computes fused log-probs (chunked, no [tokens × vocabular
 as the FSDP2 engine's `use_fused_kernels`; with tensor parallelism each rank's vocabulary
 slice goes through `log_probs.py`'s vocabulary-parallel reductions.
 
+A micro-batch that carries NLA's `injection_positions` has its activation vectors written
+over those tokens' embedding output in the actor's and the reference's forwards
+(`injection.py`).
+
 Attention runs on the padded batch with an explicit mask (causal, and no real token
 attends padding), so left-padded prompts compute what an unpadded forward computes.
 
@@ -45,6 +49,7 @@ from ember.engines.fused_log_probs import fused_log_probs
 from ember.engines.log_probs import replaced_forward
 from ember.engines.megatron.bridge import build_model_chunks, hf_named_weights, load_bridge, unwrapped
 from ember.engines.megatron.checkpoint import checkpoint_problem, export_hf, load_checkpoint, save_checkpoint
+from ember.engines.megatron.injection import injecting
 from ember.engines.megatron.log_probs import vocab_parallel_log_probs
 from ember.engines.megatron.offload import MegatronOffload
 from ember.engines.megatron.options import MegatronOptions, checked_overrides, import_megatron
@@ -147,7 +152,9 @@ class MegatronEngine(TrainEngine):
             micro = next(data_iterator)
             head = _output_layer(model)
             fused = head is not None and self.options.tensor_model_parallel_size == 1 and not self.is_critic
-            with (_fused_head(head, micro, temperature, compute_entropy, entropy_grad) if fused else nullcontext()):
+            fused_head = _fused_head(head, micro, temperature, compute_entropy, entropy_grad) if fused else nullcontext()
+            injection = nullcontext() if self.is_critic else injecting(model, micro, mode=self.options.injection_mode)
+            with fused_head, injection:
                 output = model(input_ids=micro.input_ids, position_ids=micro.position_ids,
                                attention_mask=_attention_mask(micro.attention_mask))
             return output, partial(self._loss, micro, loss_fn, context, count, compute_entropy, temperature,

@@ -54,6 +54,8 @@ class MegatronOptions:
     override_model_config: dict[str, Any] = field(default_factory=dict)
     """HF config fields set before conversion (`{model_config: {...}}`, the NLA fork's form, or flat)."""
     optim: OptimOptions = field(default_factory=OptimOptions)
+    injection_mode: str = "replace"
+    """NLA: how a batch's activation vectors enter the actor's embedding output (`megatron/injection.py`)."""
 
     @property
     def trains(self) -> bool:
@@ -70,8 +72,10 @@ class MegatronOptions:
                     expert_tensor_parallel_size=self.expert_tensor_parallel_size)
 
 
-def megatron_options(model_path: str, role: str, megatron_cfg, optim: OptimOptions | None) -> MegatronOptions:
-    """MegatronOptions from a role's `megatron` config section (ember/config/schema/megatron.py)."""
+def megatron_options(model_path: str, role: str, megatron_cfg, optim: OptimOptions | None,
+                     injection_mode: str = "replace") -> MegatronOptions:
+    """MegatronOptions from a role's `megatron` config section (ember/config/schema/megatron.py) and, in
+    an NLA run, `nla.injection.mode`."""
     return MegatronOptions(
         model_path=model_path, role=role,
         tensor_model_parallel_size=megatron_cfg.tensor_model_parallel_size,
@@ -87,7 +91,7 @@ def megatron_options(model_path: str, role: str, megatron_cfg, optim: OptimOptio
         seed=megatron_cfg.seed, override_transformer_config=dict(megatron_cfg.override_transformer_config or {}),
         override_ddp_config=dict(megatron_cfg.override_ddp_config or {}),
         override_model_config=dict(megatron_cfg.override_model_config or {}),
-        optim=optim or OptimOptions())
+        optim=optim or OptimOptions(), injection_mode=injection_mode)
 
 
 def checked_overrides(overrides: dict[str, Any], config_class: type, key: str) -> dict[str, Any]:
