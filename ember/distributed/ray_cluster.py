@@ -31,6 +31,7 @@ def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -
         raise ConfigError("a run on several GPUs (trainer.nnodes × trainer.n_gpus_per_node > 1) needs Ray: "
                           "pip install 'ember[ray]'") from None
     if not ray.is_initialized():
+        quiet_ray_environment(keep_task_events=ray_init.timeline_json_file is not None)
         environment = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
         ray.init(num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, include_dashboard=False,
                  runtime_env={"env_vars": environment})
@@ -45,6 +46,21 @@ def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -
                           "`ray start --head` on one, `ray start --address=HEAD_IP:6379` on the others, then run "
                           "ember on the head; or lower trainer.nnodes / trainer.n_gpus_per_node")
     return RayOptions(use_gpus=use_gpus)
+
+
+QUIET_RAY_ENVIRONMENT = {"RAY_enable_metrics_collection": "0", "RAY_task_events_report_interval_ms": "0"}
+"""Ray's metrics export and task-event reporting, off: their background threads take the GIL from a
+worker's launch-bound update (Ray's cost at one GPU: 6.5% of the GRPO step with them, 1.0% without,
+BENCHMARKS.md). Task events feed `ray.timeline`, so a run that asks for a timeline keeps them."""
+
+
+def quiet_ray_environment(keep_task_events: bool) -> None:
+    """Before a local Ray starts (its processes inherit the environment): QUIET_RAY_ENVIRONMENT, unless
+    the user set those variables."""
+    for name, value in QUIET_RAY_ENVIRONMENT.items():
+        if keep_task_events and name == "RAY_task_events_report_interval_ms":
+            continue
+        os.environ.setdefault(name, value)
 
 
 def write_timeline(path: str) -> None:

@@ -1,0 +1,40 @@
+"""Starting a local Ray: its background reporting switched off, unless a timeline needs it or the user chose."""
+
+import os
+import sys
+import types
+
+import pytest
+
+from ember.config import load_config
+from ember.config.placement import plan_placement
+from ember.distributed.ray_cluster import QUIET_RAY_ENVIRONMENT, start_ray
+
+
+def fake_ray(seen: dict) -> types.ModuleType:
+    """A `ray` whose init records the environment a started Ray would inherit."""
+    ray = types.ModuleType("ray")
+    ray.is_initialized = lambda: False
+    ray.init = lambda **kwargs: seen.update({name: os.environ.get(name) for name in QUIET_RAY_ENVIRONMENT})
+    ray.cluster_resources = lambda: {"CPU": 8}
+    ray.nodes = lambda: [{}]
+    return ray
+
+
+@pytest.mark.parametrize("timeline, user_value, expected", [
+    (None, None, {"RAY_enable_metrics_collection": "0", "RAY_task_events_report_interval_ms": "0"}),
+    ("t.json", None, {"RAY_enable_metrics_collection": "0", "RAY_task_events_report_interval_ms": None}),
+    (None, "1000", {"RAY_enable_metrics_collection": "0", "RAY_task_events_report_interval_ms": "1000"}),
+])
+def test_a_started_ray_reports_nothing_in_the_background_unless_asked(monkeypatch, timeline, user_value, expected):
+    for name in QUIET_RAY_ENVIRONMENT:  # set, then removed: the test's end restores the variables as they were
+        monkeypatch.setenv(name, "placeholder")
+        monkeypatch.delenv(name)
+    if user_value is not None:
+        monkeypatch.setenv("RAY_task_events_report_interval_ms", user_value)
+    seen: dict = {}
+    monkeypatch.setitem(sys.modules, "ray", fake_ray(seen))
+    cfg = load_config(["trainer.n_gpus_per_node=2", "trainer.device=cpu"]
+                      + ([f"ray_init.timeline_json_file={timeline}"] if timeline else []))
+    start_ray(cfg.ray_init, plan_placement(cfg), wants_gpus=False)
+    assert seen == expected
