@@ -180,6 +180,25 @@ def total_training_steps(cfg: EmberConfig, steps_per_epoch: int) -> int:
     return cfg.trainer.total_training_steps or steps_per_epoch * cfg.trainer.total_epochs
 
 
+def warn_overridden_settings(cfg: EmberConfig, total_steps: int) -> None:
+    """Logs each verl key the user set that ember replaces with its own value, so that setting it does not
+    seem to have worked: the optimizer's step count (the schedule spans the run's `total_steps`, as verl
+    overwrites the key) and a checkpoint without the optimizer (ember always saves it, for exact resumes)."""
+    sections = {"actor_rollout_ref.actor": cfg.actor_rollout_ref.actor}
+    if uses_critic(cfg):
+        sections["critic"] = cfg.critic
+    for path, section in sections.items():
+        steps = section.optim.total_training_steps
+        if steps != -1 and steps != total_steps:
+            logger.warning("%s.optim.total_training_steps=%d is ignored: the learning-rate schedule spans the run's "
+                           "%d steps (trainer.total_training_steps, else total_epochs × steps per epoch), as verl "
+                           "fills it in; remove the key or set trainer.total_training_steps", path, steps, total_steps)
+        if "optimizer" not in section.checkpoint.save_contents:
+            logger.warning("%s.checkpoint.save_contents=%s leaves out optimizer, but ember saves the optimizer "
+                           "state anyway: resuming from a checkpoint continues the run exactly only with it",
+                           path, list(section.checkpoint.save_contents))
+
+
 def pool_roles(cfg: EmberConfig, placement: Placement) -> list[tuple[Pool, tuple[str, ...]]]:
     """Each pool that holds a role of this run, with the roles its processes build (actor and rollout
     together; the reference and critic beside them unless their own pool is elsewhere)."""
@@ -198,6 +217,7 @@ def pool_roles(cfg: EmberConfig, placement: Placement) -> list[tuple[Pool, tuple
 def build_worker_groups(cfg: EmberConfig, total_steps: int, use_ray: bool | None = None) -> dict[str, object]:
     """A worker group per pool of the run, keyed by role: in this process for a run of one device,
     Ray workers otherwise (one per GPU of each pool); `use_ray` forces either (benchmarks of Ray's cost)."""
+    warn_overridden_settings(cfg, total_steps)
     placement = plan_placement(cfg)
     layout = pool_roles(cfg, placement)
     if not (use_ray if use_ray is not None else world_size_of(cfg.trainer) > 1):

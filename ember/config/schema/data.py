@@ -45,10 +45,14 @@ class DataConfig:
     shuffle: bool = field_(True, "shuffle the training prompts each epoch")
     seed: int = field_(1, "seed of the shuffle")
     filter_overlong_prompts: bool = field_(False, "drop prompts longer than max_prompt_length when loading")
-    filter_overlong_prompts_workers: int = field_(1, "processes that tokenize prompts for the overlong filter")
+    filter_overlong_prompts_workers: int = field_(
+        1, "verl: processes that tokenize prompts for the overlong filter; ember filters in the driver process "
+           "(no effect)")
     truncation: Truncation = field_(
         "error", "what to do with a prompt over max_prompt_length: error, or cut it on the left, right or middle")
-    dataloader_num_workers: int = field_(8, "worker processes of the training dataloader")
+    dataloader_num_workers: int = field_(
+        8, "verl: worker processes of the training dataloader; ember's prompt loader indexes the tokenized "
+           "prompts in the driver process (no effect)")
     trust_remote_code: bool = field_(False, "allow tokenizer code shipped with the checkpoint to run (as "
                                             "actor_rollout_ref.model.trust_remote_code does; either allows it)")
     custom_cls: CustomClassConfig = section(CustomClassConfig, "a user-defined dataset class")

@@ -1,8 +1,10 @@
 """Optimizer and learning-rate schedule of a trained role (AdamW; linear warmup, then constant or cosine).
 
-`total_training_steps` is -1 in a config file: the trainer fills it in once it knows the
-data size. `warmup_style` is verl's older name for `lr_scheduler_type`; the loader copies it
-over (see `ember/config/normalize.py`).
+`total_training_steps` is -1 in a config file: the schedule always runs over the run's own
+step count (`trainer.total_training_steps`, else epochs × steps per epoch), as verl overwrites
+the key with it; a different value set by the user is reported, not used. `warmup_style` is
+verl's older name for `lr_scheduler_type`; the loader copies it over (see
+`ember/config/normalize.py`).
 """
 
 from dataclasses import dataclass
@@ -26,6 +28,8 @@ class OptimConfig:
     lr_scheduler_type: LRSchedulerType = field_(
         "constant", "after warmup: constant keeps lr, cosine decays it to min_lr_ratio × lr")
     num_cycles: float = field_(0.5, "cosine periods over the decay phase; 0.5 = one half-cosine down to the floor")
-    total_training_steps: int = field_(-1, "steps of the whole run; -1 = filled in by the trainer")
+    total_training_steps: int = field_(
+        -1, "verl: steps of the whole run, filled in by the trainer; another value set here is logged and "
+            "ignored (no effect: ember computes it from the run)")
     weight_decay: float = field_(0.01, "AdamW decoupled weight decay")
     betas: list[float] = field_([0.9, 0.999], "AdamW moment decay rates [beta1, beta2]")

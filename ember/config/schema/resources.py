@@ -21,7 +21,7 @@ class RolePoolConfig:
     """A role's own pool in the per-role form."""
 
     num_gpus: int = field_(1, "GPUs of the pool, over all nodes (the same number on each node)")
-    num_cpus: int | None = field_(None, "CPUs Ray reserves for the pool; null = one per GPU")
+    num_cpus: int | None = field_(None, "verl: CPUs Ray reserves for the pool; ember reserves one per GPU (no effect)")
 
 
 @dataclass
@@ -53,4 +53,5 @@ class RayKwargsConfig:
 
     resource_pool: dict[str, Any] = field_(
         {}, "named pools {NAME: {num_gpus, num_cpus}}, num_gpus per node: a NAME containing actor or rollout is "
-        "the pool of actor, rollout and reference, one containing critic the critic's; pools of 0 GPUs are dropped")
+        "the pool of actor, rollout and reference, one containing critic the critic's; pools of 0 GPUs are dropped; "
+        "num_cpus: ember reserves one CPU per GPU (no effect)")

@@ -53,7 +53,9 @@ class RolloutConfig:
     free_cache_engine: bool = field_(True, "release the KV cache between rollouts so training can use the memory")
     tensor_model_parallel_size: int = field_(1, "GPUs one engine instance spans (tensor parallel)")
     data_parallel_size: int = field_(
-        1, "data-parallel ranks inside one engine instance (vLLM/SGLang data-parallel attention for MoE)")
+        1, "verl: data-parallel ranks inside one vLLM/SGLang engine (data-parallel attention for MoE); ember's "
+           "engine runs one instance per tensor_model_parallel_size GPUs of the actor's pool, each generating its "
+           "share (no effect)")
     max_num_batched_tokens: int = field_(8192, "most tokens one engine step processes")
     max_model_len: int | None = field_(None, "longest sequence the engine accepts; null = prompt_length + response_length")
     max_num_seqs: int = field_(1024, "most sequences decoded at once")
