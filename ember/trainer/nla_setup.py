@@ -18,6 +18,7 @@ from ember.nla.data import NLAPromptDataset, reading_options
 from ember.trainer.rank_setup import load_tokenizer, run_noise_injection, stop_token_ids
 from ember.trainer.rl_setup import RLComponents, build_worker_groups, total_training_steps
 from ember.trainer.role_groups import ActorGroup, ReconstructorGroup, ReferenceGroup, RolloutGroup
+from ember.trainer.startup import StartUp
 
 logger = logging.getLogger(__name__)
 
@@ -25,16 +26,19 @@ logger = logging.getLogger(__name__)
 def build_nla_components(cfg: NLATrainConfig) -> tuple[RLComponents, list[int]]:
     """The driver's parts of an NLA run, and the token ids of `critic.critic_prompt` (none when unset)."""
     arr, data = cfg.actor_rollout_ref, cfg.data
-    tokenizer = load_tokenizer(cfg)
-    marker, vectors = reading_options(cfg.nla, tokenizer, arr.model.path, arr.model.trust_remote_code)
-    dataset = NLAPromptDataset(data.train_files, tokenizer, marker, vectors, prompt_key=data.prompt_key,
-                               max_prompt_length=data.max_prompt_length, truncation=data.truncation,
-                               position=cfg.nla.injection.position)
+    startup = StartUp()
+    with startup.phase("data"):
+        tokenizer = load_tokenizer(cfg)
+        marker, vectors = reading_options(cfg.nla, tokenizer, arr.model.path, arr.model.trust_remote_code)
+        dataset = NLAPromptDataset(data.train_files, tokenizer, marker, vectors, prompt_key=data.prompt_key,
+                                   max_prompt_length=data.max_prompt_length, truncation=data.truncation,
+                                   position=cfg.nla.injection.position)
     logger.info("NLA data: %d prompts, marker %r (token %d), %s run", len(dataset), marker.character, marker.token_id,
                 data_variant(data.train_files))
     loader = PromptLoader(dataset, data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
     total_steps = total_training_steps(cfg, len(loader))
-    groups = build_worker_groups(cfg, total_steps)
+    with startup.phase("roles"):
+        groups = build_worker_groups(cfg, total_steps)
     n = arr.rollout.n
     parts = RLComponents(
         tokenizer=tokenizer, train_loader=loader, val_dataset=None,
@@ -43,7 +47,7 @@ def build_nla_components(cfg: NLATrainConfig) -> tuple[RLComponents, list[int]]:
         reference=ReferenceGroup(groups["reference"]) if "reference" in groups else None,
         critic=ReconstructorGroup(groups["critic"]), rollout=RolloutGroup(groups["actor"]), reward_manager=None,
         eos_token_ids=stop_token_ids(arr.model.path, tokenizer), total_steps=total_steps,
-        timeline_file=cfg.ray_init.timeline_json_file, noise=run_noise_injection(cfg, total_steps))
+        timeline_file=cfg.ray_init.timeline_json_file, noise=run_noise_injection(cfg, total_steps), startup=startup)
     prompt = cfg.critic.critic_prompt
     critic_prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids if prompt else []
     return parts, critic_prompt_ids

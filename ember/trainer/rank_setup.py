@@ -19,13 +19,14 @@ from ember.algorithms import ClipConfig
 from ember.config import ConfigError
 from ember.config.schema import EmberConfig
 from ember.config.schema.rollout import STAND_IN_NAMES
-from ember.distributed.device import current_device, device_type, request_device, world_size
+from ember.distributed.device import current_device, device_type, rank, request_device, world_size
 from ember.engines.base import MicroBatchSpec, TrainEngine
 from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
 from ember.engines.optim import OptimOptions
 from ember.inference.config import EngineConfig
 from ember.models.loading import build_model_on_meta, load_model_config, resolve_dtype
 from ember.rollout import build_rollout
+from ember.trainer.metrics import timed
 from ember.workers.actor import Actor, ActorOptions
 from ember.workers.critic import Critic, CriticOptions
 from ember.workers.noise_injection import NoiseInjection, build_noise_injection
@@ -206,12 +207,14 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
     if nla is not None:
         speed_switches["injection_mode"] = nla.injection.mode
     built: dict[str, object] = {}
+    seconds: dict[str, float] = {}  # each engine's build, for the start-up log
     if "actor" in roles:
         actor_cfg, rollout_cfg = arr.actor, arr.rollout
         actor_updates = optimizer_steps_per_rl_step(cfg, actor_cfg.ppo_epochs, actor_cfg.ppo_mini_batch_size)
-        actor_engine = build_engine(model_path, "actor", arr.model, actor_cfg.fsdp_config,
-                                    optim_options(actor_cfg.optim, actor_cfg.grad_clip, total_steps, actor_updates),
-                                    seed=cfg.trainer.seed, megatron=megatron_section(actor_cfg), **speed_switches)
+        with timed(seconds, "actor"):
+            actor_engine = build_engine(model_path, "actor", arr.model, actor_cfg.fsdp_config,
+                                        optim_options(actor_cfg.optim, actor_cfg.grad_clip, total_steps, actor_updates),
+                                        seed=cfg.trainer.seed, megatron=megatron_section(actor_cfg), **speed_switches)
         mini_batch_samples = actor_cfg.ppo_mini_batch_size * n // dp_size
         actor = Actor(actor_engine, ActorOptions(
             mini_batch_samples=mini_batch_samples,
@@ -230,9 +233,10 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
         name = rollout_cfg.engine
         if rollout_cfg.name in STAND_IN_NAMES:  # (NLA's nla_sglang says so in its own note)
             logger.warning(stand_in_note(rollout_cfg))
-        engine = build_rollout(name, actor_engine.module() if name == "hf" else None, tokenizer.pad_token_id,
-                               max_batch_size=rollout_cfg.max_num_seqs, model_path=model_path,
-                               engine_config=engine_config(rollout_cfg) if name == "ember" else None)
+        with timed(seconds, "rollout"):
+            engine = build_rollout(name, actor_engine.module() if name == "hf" else None, tokenizer.pad_token_id,
+                                   max_batch_size=rollout_cfg.max_num_seqs, model_path=model_path,
+                                   engine_config=engine_config(rollout_cfg) if name == "ember" else None)
         noise = run_noise_injection(cfg, total_steps)
         if name == "ember" and actor_engine.syncs_live_parameters and noise is None:
             engine.share_training_weights()  # the actor's tensors themselves become the engine's weights
@@ -240,20 +244,25 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
         built["rollout"] = PolicyRollout(engine, actor, free_cache_engine=rollout_cfg.free_cache_engine, noise=noise)
     if "reference" in roles:
         ref_cfg = arr.ref
-        engine = build_engine(model_path, "ref", arr.model, ref_cfg.fsdp_config, None, seed=cfg.trainer.seed,
-                              megatron=megatron_section(ref_cfg), **speed_switches)
+        with timed(seconds, "reference"):
+            engine = build_engine(model_path, "ref", arr.model, ref_cfg.fsdp_config, None, seed=cfg.trainer.seed,
+                                  megatron=megatron_section(ref_cfg), **speed_switches)
         built["reference"] = Reference(engine, micro_batch_spec(
             ref_cfg.log_prob_use_dynamic_bsz, ref_cfg.log_prob_max_token_len_per_gpu,
             ref_cfg.log_prob_micro_batch_size_per_gpu, batch_samples), temperature=arr.rollout.temperature)
     if "critic" in roles and nla is not None:
-        built["critic"] = build_reconstructor(cfg, total_steps)
+        with timed(seconds, "reconstructor"):
+            built["critic"] = build_reconstructor(cfg, total_steps)
     elif "critic" in roles:
         critic_cfg = cfg.critic
         critic_updates = optimizer_steps_per_rl_step(cfg, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size)
-        critic_engine = build_engine(critic_cfg.model.path, "critic", critic_cfg.model, critic_cfg.model.fsdp_config,
-                                     optim_options(critic_cfg.optim, critic_cfg.grad_clip, total_steps, critic_updates),
-                                     seed=cfg.trainer.seed, use_remove_padding=critic_cfg.model.use_remove_padding,
-                                     megatron=megatron_section(critic_cfg))
+        with timed(seconds, "critic"):
+            critic_engine = build_engine(critic_cfg.model.path, "critic", critic_cfg.model,
+                                         critic_cfg.model.fsdp_config,
+                                         optim_options(critic_cfg.optim, critic_cfg.grad_clip, total_steps,
+                                                       critic_updates),
+                                         seed=cfg.trainer.seed, use_remove_padding=critic_cfg.model.use_remove_padding,
+                                         megatron=megatron_section(critic_cfg))
         mini_batch_samples = critic_cfg.ppo_mini_batch_size * n // dp_size
         critic_micro = critic_cfg.ppo_micro_batch_size_per_gpu or mini_batch_samples
         built["critic"] = Critic(critic_engine, CriticOptions(
@@ -267,6 +276,8 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
     for role in ("actor", "reference", "critic"):  # param/optimizer_offload: on the device only in its phases
         if role in built:
             built[role].engine.offload()
+    logger.info("engines built on rank %d: %s", rank(),
+                ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()))
     return built
 
 

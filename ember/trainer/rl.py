@@ -81,10 +81,12 @@ class RLTrainer:
 
     def fit(self) -> dict[str, float]:
         cfg, parts = self.cfg, self.parts
-        self.resume()
+        with parts.startup.phase("resume"):
+            self.resume()
         start_time = time.monotonic()
         if parts.val_dataset is not None and (cfg.trainer.val_only or (cfg.trainer.val_before_train and self.step == 0)):
-            self.log_validation(self.validate())
+            with parts.startup.phase("validation"):
+                self.log_validation(self.validate())
         if cfg.trainer.val_only:
             return self.validation_history[-1][1] if self.validation_history else {}
         with StopRequest() as stop:
@@ -99,6 +101,7 @@ class RLTrainer:
                 last = self.step >= parts.total_steps
                 if parts.val_dataset is not None and (last or _every(cfg.trainer.test_freq, self.step)):
                     metrics.update(self.validate())
+                metrics.update(parts.startup.metrics())  # with the first step this process trains
                 self.logger.log(self.step, metrics)
                 if self.guard.should_stop:
                     raise RuntimeError(f"{self.guard.stop_message()}. Lower the learning rate or check the data.")

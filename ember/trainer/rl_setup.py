@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
@@ -25,6 +25,7 @@ from ember.trainer.checkpoint import check_resume_path
 from ember.trainer.rank_setup import import_external_libs, load_tokenizer, run_noise_injection, stop_token_ids
 from ember.trainer.rank_worker import RankWorker
 from ember.trainer.role_groups import ActorGroup, CriticGroup, ReferenceGroup, RolloutGroup
+from ember.trainer.startup import StartUp
 from ember.workers.noise_injection import NoiseInjection
 
 logger = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class RLComponents:
     total_steps: int
     timeline_file: str | None = None  # `ray_init.timeline_json_file` of a run on Ray workers
     noise: NoiseInjection | None = None  # trainer.noise_injection (its metrics; the rollout ranks apply it)
+    startup: StartUp = field(default_factory=StartUp)  # where the start-up went, logged with the first step
 
     def shutdown(self) -> None:
         """Write the Ray timeline when asked for one, then stop the worker processes of every pool (a
@@ -234,28 +236,34 @@ def build_worker_groups(cfg: EmberConfig, total_steps: int, use_ray: bool | None
 
 def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLComponents:
     """The driver's parts of the run; roles on Ray workers when the run has several GPUs (or `use_ray`)."""
+    startup = StartUp()
     check_input_paths(cfg)
     import_external_libs(cfg)
     # loaded once here, before any model, so that a wrong reward function stops the run at once
-    reward_fn = resolve_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
-                                  cfg.custom_reward_function.reward_kwargs, cfg.data.reward_fn or None,
-                                  batched=cfg.reward_model.reward_manager == "batch")
+    with startup.phase("rewards"):
+        reward_fn = resolve_reward_fn(cfg.custom_reward_function.path, cfg.custom_reward_function.name,
+                                      cfg.custom_reward_function.reward_kwargs, cfg.data.reward_fn or None,
+                                      batched=cfg.reward_model.reward_manager == "batch")
     arr = cfg.actor_rollout_ref
-    tokenizer = load_tokenizer(cfg)
-    train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg)
-    train_loader = PromptLoader(train_dataset, prompts_per_round(cfg), shuffle=cfg.data.shuffle, seed=cfg.data.seed)
-    val_dataset = build_dataset(cfg.data.val_files, tokenizer, cfg) if cfg.data.val_files else None
+    with startup.phase("data"):
+        tokenizer = load_tokenizer(cfg)
+        train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg)
+        train_loader = PromptLoader(train_dataset, prompts_per_round(cfg), shuffle=cfg.data.shuffle, seed=cfg.data.seed)
+        val_dataset = build_dataset(cfg.data.val_files, tokenizer, cfg) if cfg.data.val_files else None
     total_steps = total_training_steps(cfg, len(train_loader))
-    groups = build_worker_groups(cfg, total_steps, use_ray)
+    with startup.phase("roles"):
+        groups = build_worker_groups(cfg, total_steps, use_ray)
     n = arr.rollout.n
     actor = ActorGroup(groups["actor"], mini_batch_samples=arr.actor.ppo_mini_batch_size * n,
                        ppo_epochs=arr.actor.ppo_epochs)
     reward = cfg.reward_model
-    reward_manager = RewardManager(reward_fn, num_workers=reward.num_workers, timeout_s=reward.timeout_s,
-                                   failure_score=reward.failure_score, batched=reward.reward_manager == "batch")
+    with startup.phase("rewards"):
+        reward_manager = RewardManager(reward_fn, num_workers=reward.num_workers, timeout_s=reward.timeout_s,
+                                       failure_score=reward.failure_score, batched=reward.reward_manager == "batch")
     return RLComponents(tokenizer=tokenizer, train_loader=train_loader, val_dataset=val_dataset, actor=actor,
                         reference=ReferenceGroup(groups["reference"]) if "reference" in groups else None,
                         critic=CriticGroup(groups["critic"]) if "critic" in groups else None,
                         rollout=RolloutGroup(groups["actor"]), reward_manager=reward_manager,
                         eos_token_ids=stop_token_ids(arr.model.path, tokenizer), total_steps=total_steps,
-                        timeline_file=cfg.ray_init.timeline_json_file, noise=run_noise_injection(cfg, total_steps))
+                        timeline_file=cfg.ray_init.timeline_json_file, noise=run_noise_injection(cfg, total_steps),
+                        startup=startup)

@@ -1,4 +1,5 @@
-"""`global_profiler`: the chosen steps of a run are profiled, with a phase table per process."""
+"""Where a run's time goes: `global_profiler`'s profiles of chosen steps, with a phase table per process,
+and the start-up breakdown logged with the first step."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from rl_helpers import run_overrides, train
+from rl_helpers import metrics_by_step, run_overrides, train
 
 PROFILE = ["global_profiler.tool=torch", "trainer.val_before_train=False"]
 
@@ -32,6 +33,10 @@ def test_the_named_steps_of_a_run_in_one_process_are_profiled_with_nested_phases
         assert nested in phases, (nested, phases)
     trace = json.loads((save_path / "step_2" / f"{name}.trace.json").read_text())
     assert any(event.get("name") == "ember/step" for event in trace["traceEvents"])
+    first, second = metrics_by_step(tmp_path / "run")[1], metrics_by_step(tmp_path / "run")[2]
+    phases = {key.removeprefix("timing_s/startup/") for key in first if key.startswith("timing_s/startup/")}
+    assert {"rewards", "data", "roles", "resume", "total"} <= phases and "validation" not in phases  # none before
+    assert first["timing_s/startup/roles"] > 0 and not any(key.startswith("timing_s/startup/") for key in second)
 
 
 @pytest.mark.slow
