@@ -116,7 +116,8 @@ def format_phase_rows(rows: list[PhaseRow], has_device: bool) -> str:
 
 
 class ProcessProfile:
-    """torch.profiler over this process from `start()` to `stop(folder, name)`."""
+    """torch.profiler over this process from `start()` to `stop(folder, name)`; one per process at a
+    time (torch.profiler cannot nest): a rank worker's, or the driver's when no role lives in it."""
 
     def __init__(self):
         self.profiler: torch.profiler.profile | None = None
@@ -133,6 +134,12 @@ class ProcessProfile:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.profiler = torch.profiler.profile(activities=activities)
         self.profiler.start()
+
+    def cancel(self) -> None:
+        """Stop without writing anything (a failed step); nothing to do if not running."""
+        profiler, self.profiler = self.profiler, None
+        if profiler is not None:
+            profiler.stop()
 
     def stop(self, folder: str, name: str) -> str:
         """Stop, and write `<name>.trace.json`, `<name>.phases.txt` and `<name>.operators.txt` into
@@ -158,6 +165,3 @@ class ProcessProfile:
                 handle.write(averages.table(sort_by="device_time_total", row_limit=40) + "\n")
             handle.write(averages.table(sort_by="cpu_time_total", row_limit=40) + "\n")
         return table
-
-
-PROCESS_PROFILE = ProcessProfile()  # one per process: torch.profiler cannot nest

@@ -7,6 +7,7 @@ the driver's PYTHONPATH, so ember runs from a checkout as it does from an instal
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 
@@ -31,10 +32,10 @@ def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -
         raise ConfigError("a run on several GPUs (trainer.nnodes × trainer.n_gpus_per_node > 1) needs Ray: "
                           "pip install 'ember[ray]'") from None
     if not ray.is_initialized():
-        quiet_ray_environment(keep_task_events=ray_init.timeline_json_file is not None)
         environment = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
-        ray.init(num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, include_dashboard=False,
-                 runtime_env={"env_vars": environment})
+        with quiet_ray_environment(keep_task_events=ray_init.timeline_json_file is not None):
+            ray.init(num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, include_dashboard=False,
+                     runtime_env={"env_vars": environment})
     resources = ray.cluster_resources()
     use_gpus = wants_gpus and resources.get("GPU", 0) > 0
     kind = "GPU" if use_gpus else "CPU"
@@ -54,13 +55,18 @@ worker's launch-bound update (Ray's cost at one GPU: 6.5% of the GRPO step with 
 BENCHMARKS.md). Task events feed `ray.timeline`, so a run that asks for a timeline keeps them."""
 
 
-def quiet_ray_environment(keep_task_events: bool) -> None:
-    """Before a local Ray starts (its processes inherit the environment): QUIET_RAY_ENVIRONMENT, unless
-    the user set those variables."""
-    for name, value in QUIET_RAY_ENVIRONMENT.items():
-        if keep_task_events and name == "RAY_task_events_report_interval_ms":
-            continue
-        os.environ.setdefault(name, value)
+@contextlib.contextmanager
+def quiet_ray_environment(keep_task_events: bool):
+    """While a local Ray starts (its processes inherit the environment then): QUIET_RAY_ENVIRONMENT
+    where the user set none of those variables; this process's environment is as before afterwards."""
+    added = [name for name in QUIET_RAY_ENVIRONMENT if name not in os.environ
+             and not (keep_task_events and name == "RAY_task_events_report_interval_ms")]
+    os.environ.update({name: QUIET_RAY_ENVIRONMENT[name] for name in added})
+    try:
+        yield
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def write_timeline(path: str) -> None:

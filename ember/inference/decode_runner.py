@@ -67,12 +67,14 @@ class DecodeRunner:
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
         self.kv_address: int | None = None  # the KV cache's address the captured graphs read
+        self.graph_pool_bytes = 0  # what capturing took from the device (the graphs' pool, at most)
 
     def drop_graphs(self) -> None:
         """Forget the captured graphs (they read the weights' and the KV cache's memory: call when either
         moves) and their memory pool."""
         self.graphs.clear()
         self.kv_address = None
+        self.graph_pool_bytes = 0
         if self.use_cuda_graphs:  # a pool dies with its last graph: later captures need a new one
             self.graph_pool = torch.cuda.graph_pool_handle()
 
@@ -133,8 +135,10 @@ class DecodeRunner:
         """The captured step for `rows` rows and this sampling setting, captured on first use on padding rows."""
         key = (rows, sampling.greedy, sampling.temperature, sampling.top_k, sampling.top_p)
         if key not in self.graphs:
+            reserved = torch.cuda.memory_reserved(self.device)
             with phase("engine/graph_capture"):
                 self.graphs[key] = self._capture(rows, sampling)
+            self.graph_pool_bytes += max(torch.cuda.memory_reserved(self.device) - reserved, 0)
             self.kv_address = self.kv_cache.address
         return self.graphs[key]
 

@@ -37,6 +37,10 @@ from ember.profiling import phase
 from ember.rollout.base import INJECTION_MODES, Injection, SamplingParams
 
 
+GRAPHS_KEPT_OVER_SLEEP_BYTES = 1 << 30
+"""Captured decode graphs whose memory pool is at most this stay through `free_kv_cache` (sleep)."""
+
+
 class LLMEngine:
     """Batched generation with a paged KV cache for one decoder model (dense or MoE)."""
 
@@ -234,10 +238,14 @@ class LLMEngine:
 
     def free_kv_cache(self) -> None:
         """Release the KV cache's memory (between rollouts); `generate` is refused until `allocate_kv_cache`.
-        Captured graphs are kept (with their own small memory pool): they replay only after the
-        cache is allocated again, and only if it came back at the same address."""
+        Captured graphs are kept when their memory pool is at most GRAPHS_KEPT_OVER_SLEEP_BYTES (it stays
+        reserved through training): they replay only after the cache is allocated again, and only if it
+        came back at the same address. Larger pools go with the cache, as the graphs' memory is then
+        worth more to training than their capture time."""
         if not self.scheduler.is_finished():
             raise RuntimeError("free_kv_cache called while sequences are generating")
+        if self.decoder.graph_pool_bytes > GRAPHS_KEPT_OVER_SLEEP_BYTES:
+            self.decoder.drop_graphs()
         self.kv_cache.free()
         empty_cache()
 

@@ -16,7 +16,7 @@ from ember.config.schema.nla_train import NLATrainConfig
 from ember.data.prompt_loader import PromptLoader
 from ember.nla.data import NLAPromptDataset, reading_options
 from ember.trainer.rank_setup import load_tokenizer, run_noise_injection, stop_token_ids
-from ember.trainer.rl_setup import RLComponents, build_worker_groups, total_training_steps
+from ember.trainer.rl_setup import RLComponents, build_worker_groups, total_training_steps, warn_overridden_settings
 from ember.trainer.role_groups import ActorGroup, ReconstructorGroup, ReferenceGroup, RolloutGroup
 from ember.trainer.startup import StartUp
 
@@ -37,6 +37,7 @@ def build_nla_components(cfg: NLATrainConfig) -> tuple[RLComponents, list[int]]:
                 data_variant(data.train_files))
     loader = PromptLoader(dataset, data.train_batch_size, shuffle=data.shuffle, seed=data.seed)
     total_steps = total_training_steps(cfg, len(loader))
+    warn_overridden_settings(cfg, total_steps)
     with startup.phase("roles"):
         groups = build_worker_groups(cfg, total_steps)
     n = arr.rollout.n

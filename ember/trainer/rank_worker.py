@@ -15,7 +15,7 @@ from typing import Any
 
 from ember.config.schema import EmberConfig
 from ember.distributed.device import init_distributed, peak_memory_bytes, rank
-from ember.profiling import PROCESS_PROFILE, phase
+from ember.profiling import ProcessProfile, phase
 
 
 class RankWorker:
@@ -29,6 +29,7 @@ class RankWorker:
         init_distributed(timeout_s=cfg.actor_rollout_ref.nccl_timeout)
         self.roles = build_rank_roles(cfg, tuple(roles), total_steps)
         self.name = f"{'+'.join(roles)}_rank{rank()}"  # its profiles' file names
+        self.profile = ProcessProfile()
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         with phase(f"{role}.{method}"):
@@ -41,9 +42,12 @@ class RankWorker:
         return result, time.perf_counter() - start, peak_memory_bytes()
 
     def start_profile(self) -> None:
-        """Profile this process until `stop_profile` (global_profiler)."""
-        PROCESS_PROFILE.start()
+        """Profile this process until `stop_profile` or `cancel_profile` (global_profiler)."""
+        self.profile.start()
 
     def stop_profile(self, folder: str) -> tuple[str, str]:
         """Write this process's profile into `folder`; its name and phase table."""
-        return self.name, PROCESS_PROFILE.stop(folder, self.name)
+        return self.name, self.profile.stop(folder, self.name)
+
+    def cancel_profile(self) -> None:
+        self.profile.cancel()

@@ -67,7 +67,7 @@ class RLTrainer:
                                    tracked_run=TrackedRun.of(cfg))
         self.guard = BadStepGuard(cfg.trainer.max_loss_or_grad_norm)
         self.validation_history: list[tuple[int, dict[str, float]]] = []
-        self.profiler = StepProfiler(cfg.global_profiler, parts.worker_groups())
+        self.profiler = StepProfiler(cfg.global_profiler, parts.worker_groups(), parts.total_steps)
 
     def checkpointed_roles(self) -> list[tuple[str, object]]:
         """The roles a checkpoint holds, under their folder names: the actor, and the critic if any

@@ -219,7 +219,6 @@ def pool_roles(cfg: EmberConfig, placement: Placement) -> list[tuple[Pool, tuple
 def build_worker_groups(cfg: EmberConfig, total_steps: int, use_ray: bool | None = None) -> dict[str, object]:
     """A worker group per pool of the run, keyed by role: in this process for a run of one device,
     Ray workers otherwise (one per GPU of each pool); `use_ray` forces either (benchmarks of Ray's cost)."""
-    warn_overridden_settings(cfg, total_steps)
     placement = plan_placement(cfg)
     layout = pool_roles(cfg, placement)
     if not (use_ray if use_ray is not None else world_size_of(cfg.trainer) > 1):
@@ -251,6 +250,7 @@ def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLCompone
         train_loader = PromptLoader(train_dataset, prompts_per_round(cfg), shuffle=cfg.data.shuffle, seed=cfg.data.seed)
         val_dataset = build_dataset(cfg.data.val_files, tokenizer, cfg) if cfg.data.val_files else None
     total_steps = total_training_steps(cfg, len(train_loader))
+    warn_overridden_settings(cfg, total_steps)
     with startup.phase("roles"):
         groups = build_worker_groups(cfg, total_steps, use_ray)
     n = arr.rollout.n

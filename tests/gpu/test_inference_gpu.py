@@ -130,14 +130,20 @@ def test_bf16_rollout_log_probs_match_a_training_forward():
     assert k3 < 1e-3
 
 
-def test_generation_after_sleep_and_wake_recaptures_its_graphs():
+def test_graphs_survive_sleep_unless_the_cache_comes_back_elsewhere_and_tokens_stay_the_same():
     model = model_of(torch.bfloat16)
     engine = engine_for(model, torch.bfloat16)
     sampling = SamplingParams(do_sample=False, max_new_tokens=32, ignore_eos=True)
     before = [s.generated_token_ids for s in engine.generate(PROMPTS, sampling)]
-    for _ in range(2):
+    cache_bytes = sum(keys.nbytes + values.nbytes for keys, values in engine.kv_cache.layers)
+    for hold_its_place in (False, True):  # the second time a block of the cache's size takes its old memory
+        address = engine.kv_cache.address
         engine.free_kv_cache()
-        assert not engine.decoder.graphs
+        assert engine.decoder.graphs  # kept while asleep: the tiny model's pool is far below the limit
+        blocker = torch.empty(cache_bytes, dtype=torch.uint8, device="cuda") if hold_its_place else None
         engine.allocate_kv_cache()
+        moved = engine.kv_cache.address != address
+        assert bool(engine.decoder.graphs) is not moved
         assert [s.generated_token_ids for s in engine.generate(PROMPTS, sampling)] == before
-    assert engine.decoder.graphs
+        assert engine.decoder.graphs and engine.decoder.kv_address == engine.kv_cache.address
+        del blocker

@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from ember.inference import EngineConfig, LLMEngine
+from ember.inference.engine import GRAPHS_KEPT_OVER_SLEEP_BYTES
 from ember.models.tiny import tiny_model_config
 from ember.rollout.base import SamplingParams
 from ember.rollout.ember_rollout import EmberRollout
@@ -239,6 +240,10 @@ def test_captured_graphs_survive_sleep_only_when_the_cache_comes_back_at_the_sam
         assert decoder.graphs and not engine.kv_cache.is_allocated  # kept while asleep
         engine.allocate_kv_cache()
         assert bool(decoder.graphs) is (address_at_capture == 0x1000)
+    decoder.graphs[("rows", 8)], decoder.kv_address = object(), 0x1000
+    decoder.graph_pool_bytes = GRAPHS_KEPT_OVER_SLEEP_BYTES + 1  # graphs holding more memory go with the cache
+    engine.free_kv_cache()
+    assert not decoder.graphs and decoder.graph_pool_bytes == 0
 
 
 def test_fused_projections_are_filled_by_copy_when_the_rest_is_shared():

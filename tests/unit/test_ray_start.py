@@ -1,4 +1,5 @@
-"""Starting a local Ray: its background reporting switched off, unless a timeline needs it or the user chose."""
+"""Starting a local Ray: its background reporting switched off while it starts, unless a timeline needs it
+or the user chose."""
 
 import os
 import sys
@@ -38,3 +39,6 @@ def test_a_started_ray_reports_nothing_in_the_background_unless_asked(monkeypatc
                       + ([f"ray_init.timeline_json_file={timeline}"] if timeline else []))
     start_ray(cfg.ray_init, plan_placement(cfg), wants_gpus=False)
     assert seen == expected
+    # the driver's own environment is as before: a later Ray in this process (one with a timeline) chooses anew
+    assert {name: os.environ.get(name) for name in QUIET_RAY_ENVIRONMENT} == {
+        "RAY_enable_metrics_collection": None, "RAY_task_events_report_interval_ms": user_value}

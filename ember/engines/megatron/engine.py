@@ -58,6 +58,7 @@ from ember.engines.megatron.value_head import attach_value_head
 from ember.engines.optim import lr_multiplier
 from ember.errors import UserError
 from ember.models.loading import resolve_dtype
+from ember.profiling import phase
 
 _SCHEDULE_FILE = "lr_schedule.json"
 
@@ -215,14 +216,16 @@ class MegatronEngine(TrainEngine):
             chunk.train()
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        results = self._forward_backward(micros, loss_fn, context, compute_entropy, temperature, entropy_grad)
-        lr = self._set_learning_rate()
-        self.optimizer.prepare_grads()
-        grad_norm = float(self.optimizer.get_grad_norm())
-        skipped = not math.isfinite(grad_norm)
-        if not skipped:
-            self.optimizer.step()
-            self.optimizer_steps += 1
+        with phase("train/forward_backward"):  # megatron-core's schedule interleaves the two
+            results = self._forward_backward(micros, loss_fn, context, compute_entropy, temperature, entropy_grad)
+        with phase("train/optimizer_step"):
+            lr = self._set_learning_rate()
+            self.optimizer.prepare_grads()
+            grad_norm = float(self.optimizer.get_grad_norm())
+            skipped = not math.isfinite(grad_norm)
+            if not skipped:
+                self.optimizer.step()
+                self.optimizer_steps += 1
         metrics = self._reduce_metrics(results, len(micros))
         metrics.update(grad_norm=grad_norm, lr=lr, skipped=float(skipped))
         return metrics
