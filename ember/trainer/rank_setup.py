@@ -95,12 +95,9 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
     is megatron), else FSDP2. The speed switches come from wherever the caller's config keeps
     them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT; compiling
     from `actor.use_torch_compile`); the Megatron engine computes on padded batches and takes
-    none of them. `nla`: NLA's options (injection_mode, which the Megatron engine takes too;
-    output_layer_index and truncate_at_layer of a reconstructor, FSDP2's only)."""
+    none of them. `nla`: NLA's options (injection_mode of the actor and the reference;
+    output_layer_index and truncate_at_layer of a reconstructor), which both engines take."""
     if megatron is not None:
-        if role == "reconstructor" or set(nla) - {"injection_mode"}:
-            raise ValueError("NLA's reconstructor on strategy megatron is not implemented yet; use strategy fsdp2 "
-                             "for the critic")
         from ember.engines.megatron.engine import MegatronEngine
         from ember.engines.megatron.options import megatron_options
 
@@ -288,7 +285,7 @@ def build_reconstructor(cfg: EmberConfig, total_steps: int) -> Reconstructor:
     updates = optimizer_steps_per_rl_step(cfg, critic.ppo_epochs, critic.ppo_mini_batch_size)
     engine = build_engine(critic.model.path, "reconstructor", critic.model, critic.model.fsdp_config,
                           optim_options(critic.optim, critic.grad_clip, total_steps, updates), seed=cfg.trainer.seed,
-                          use_remove_padding=critic.model.use_remove_padding,
+                          use_remove_padding=critic.model.use_remove_padding, megatron=megatron_section(critic),
                           output_layer_index=critic.output_layer_index,
                           truncate_at_layer=critic.model.truncate_at_layer)
     mini_batch_samples = critic.ppo_mini_batch_size * n // world_size()

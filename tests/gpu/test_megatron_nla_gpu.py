@@ -109,3 +109,116 @@ def test_nla_grpo_with_the_actor_on_megatron_runs_end_to_end(tmp_path):
     for line in lines:
         assert torch.isfinite(torch.tensor([line["actor/pg_loss"], line["critic/fve"], line["actor/grad_norm"]])).all()
     assert (tmp_path / "run" / "global_step_2" / "actor").is_dir()
+
+
+# --- the reconstructor (NLA's critic) on Megatron against FSDP2's ------------------------------------------------
+
+RECONSTRUCTION_OPTIM = dataclasses.replace(GRADIENT_REVEALING_OPTIM, lr=0.1)  # an update of about 0.1 × gradient
+
+
+def reconstruction_inputs(samples: int = 6):
+    """A critic prompt and explanations of different lengths (so left padding differs), with target vectors."""
+    from ember.workers.reconstructor import reconstruction_batch
+
+    generator = torch.Generator().manual_seed(3)
+    responses = [torch.randint(3, 120, (length,), generator=generator).tolist() for length in (5, 1, 9, 3, 7, 2)][:samples]
+    targets = torch.randn(samples, HIDDEN, generator=generator)
+    return reconstruction_batch([40, 41, 42], responses, targets, pad_token_id=0)
+
+
+def reconstructors(model_dir: str, layer: int, **megatron_options) -> tuple[FSDPEngine, MegatronEngine]:
+    fsdp = FSDPEngine(engine_options(model_dir, role="reconstructor", param_dtype="bfloat16", output_layer_index=layer,
+                                     optim=RECONSTRUCTION_OPTIM))
+    megatron = MegatronEngine(MegatronOptions(model_path=model_dir, role="reconstructor", output_layer_index=layer,
+                                              optim=RECONSTRUCTION_OPTIM, **megatron_options))
+    return fsdp, megatron
+
+
+def assert_predictions_close(got, expected):
+    """bf16 agreement relative to the predictions' scale (a final norm's output is about 1, an inner layer's not)."""
+    assert got.shape == expected.shape and got.dtype == torch.float32
+    torch.testing.assert_close(got, expected, atol=TOLERANCE * float(expected.abs().max()), rtol=0)
+
+
+@pytest.mark.parametrize("layer", [1, -1])
+def test_reconstructor_predictions_match_the_fsdp_engine(tmp_path, layer):
+    model_dir = make_responsive_model_dir(str(tmp_path / "model"))
+    batch = reconstruction_inputs()
+    fsdp, megatron = reconstructors(model_dir, layer)
+    expected = fsdp.forward(batch, micro_batch_size=4).predictions
+    assert_predictions_close(megatron.forward(batch, micro_batch_size=4).predictions, expected)
+    budget = megatron.forward(batch, MicroBatchSpec(max_token_len=24)).predictions  # trimmed padding columns
+    assert_predictions_close(budget, expected)
+
+
+@pytest.mark.parametrize("layer", [1, -1])
+def test_one_mse_update_moves_the_predictions_like_the_fsdp_engine(tmp_path, layer):
+    from ember.workers.reconstructor import mse_loss, squared_errors
+
+    model_dir = make_responsive_model_dir(str(tmp_path / "model"))
+    batch = reconstruction_inputs()
+    targets = batch.activation_vectors
+    fsdp, megatron = reconstructors(model_dir, layer)
+    before = megatron.forward(batch, micro_batch_size=6).predictions
+    fsdp_metrics = fsdp.train_mini_batch(batch, mse_loss, micro_batch_size=2)
+    megatron_metrics = megatron.train_mini_batch(batch, mse_loss, micro_batch_size=2)
+    assert megatron_metrics["skipped"] == 0.0
+    assert megatron_metrics["loss"] == pytest.approx(float(squared_errors(before, targets).mean()), rel=0.01)
+    assert megatron_metrics["loss"] == pytest.approx(fsdp_metrics["loss"], rel=TOLERANCE)
+    assert megatron_metrics["grad_norm"] == pytest.approx(fsdp_metrics["grad_norm"], rel=TOLERANCE)
+    after = megatron.forward(batch, micro_batch_size=6).predictions
+    fsdp_after = fsdp.forward(batch, micro_batch_size=6).predictions
+    assert float(squared_errors(after, targets).mean()) < megatron_metrics["loss"]  # toward the targets
+    assert float(squared_errors(after, targets).mean()) == pytest.approx(
+        float(squared_errors(fsdp_after, targets).mean()), rel=TOLERANCE)
+    assert_predictions_close(after, fsdp_after)
+
+
+def test_reconstructor_trains_only_what_its_prediction_reads(tmp_path):
+    """Layer 1 of 2: the embedding and decoder layer 1 train; decoder layer 2 and the final norm are frozen (no
+    gradient buffer, no optimizer state) and stay as loaded through an update."""
+    from ember.engines.megatron.bridge import unwrapped
+    from ember.workers.reconstructor import mse_loss
+
+    model_dir = make_responsive_model_dir(str(tmp_path / "model"))
+    _, megatron = reconstructors(model_dir, layer=1)
+    model = unwrapped(megatron.chunks[0])
+    trained = {name for name, parameter in model.named_parameters() if parameter.requires_grad}
+    assert trained and all(name.startswith(("embedding.", "decoder.layers.0.")) for name in trained), trained
+    assert any(name.startswith("decoder.layers.1.") for name, _ in model.named_parameters())
+    before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    megatron.train_mini_batch(reconstruction_inputs(), mse_loss, micro_batch_size=3)
+    moved = {name for name, parameter in model.named_parameters() if not torch.equal(parameter.detach(), before[name])}
+    assert moved and moved <= trained, moved - trained
+    assert any(name.startswith("embedding.") for name in moved) and any(name.startswith("decoder.layers.0.")
+                                                                         for name in moved)
+
+
+def test_a_cut_reconstructor_predicts_what_the_full_one_does_and_exports_its_cut(tmp_path):
+    from ember.engines.megatron.bridge import unwrapped
+    from ember.models.reconstructor import FULL_LAYERS_KEY
+
+    model_dir = make_responsive_model_dir(str(tmp_path / "model"))
+    batch = reconstruction_inputs()
+    _, full = reconstructors(model_dir, layer=1)
+    cut = MegatronEngine(MegatronOptions(model_path=model_dir, role="reconstructor", output_layer_index=1,
+                                         truncate_at_layer=1, optim=RECONSTRUCTION_OPTIM))
+    assert len(unwrapped(cut.chunks[0]).decoder.layers) == 1
+    expected = full.forward(batch, micro_batch_size=6).predictions
+    assert_predictions_close(cut.forward(batch, micro_batch_size=6).predictions, expected)
+    cut.export_hf(str(tmp_path / "cut"))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "cut")
+    assert reloaded.config.num_hidden_layers == 1 and getattr(reloaded.config, FULL_LAYERS_KEY) == 2
+    again = MegatronEngine(MegatronOptions(model_path=str(tmp_path / "cut"), role="reconstructor",
+                                           output_layer_index=1, optim=RECONSTRUCTION_OPTIM))
+    assert_predictions_close(again.forward(batch, micro_batch_size=6).predictions, expected)
+
+
+def test_full_recompute_with_an_inner_layer_is_refused(tmp_path):
+    from ember.errors import UserError
+
+    model_dir = make_responsive_model_dir(str(tmp_path / "model"))
+    recompute = {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    with pytest.raises(UserError, match="recompute_granularity=full"):
+        MegatronEngine(MegatronOptions(model_path=model_dir, role="reconstructor", output_layer_index=1,
+                                       override_transformer_config=recompute))

@@ -18,7 +18,9 @@ slice goes through `log_probs.py`'s vocabulary-parallel reductions.
 
 A micro-batch that carries NLA's `injection_positions` has its activation vectors written
 over those tokens' embedding output in the actor's and the reference's forwards
-(`injection.py`).
+(`injection.py`). NLA's reconstructor (role "reconstructor") outputs `hidden_states[L]` at
+each sample's last token instead of log-probs, read by a hook, the LM head skipped and the
+parameters the prediction does not reach frozen (`reconstructor.py`).
 
 Attention runs on the padded batch with an explicit mask (causal, and no real token
 attends padding), so left-padded prompts compute what an unpadded forward computes.
@@ -54,6 +56,8 @@ from ember.engines.megatron.log_probs import vocab_parallel_log_probs
 from ember.engines.megatron.offload import MegatronOffload
 from ember.engines.megatron.options import MegatronOptions, checked_overrides, import_megatron
 from ember.engines.megatron.parallel import initialize_layout
+from ember.engines.megatron.reconstructor import (check_layout, cut_model_overrides, freeze_unreached, predicting,
+                                                  prediction_module)
 from ember.engines.megatron.value_head import attach_value_head
 from ember.engines.optim import lr_multiplier
 from ember.errors import UserError
@@ -61,6 +65,7 @@ from ember.models.loading import resolve_dtype
 from ember.profiling import phase
 
 _SCHEDULE_FILE = "lr_schedule.json"
+_LOG_PROB_ROLES = ("actor", "ref")  # the roles whose forwards compute log-probs (and take NLA's injection)
 
 
 class MegatronEngine(TrainEngine):
@@ -73,6 +78,7 @@ class MegatronEngine(TrainEngine):
 
         self.options = options
         self.is_critic = options.role == "critic"
+        self.is_reconstructor = options.role == "reconstructor"
         self.device = current_device()
         initialize_layout(options.layout, options.seed)
         self.dtype = resolve_dtype(options.param_dtype)
@@ -81,7 +87,9 @@ class MegatronEngine(TrainEngine):
         overrides = {"sequence_parallel": options.sequence_parallel and options.tensor_model_parallel_size > 1,
                      **({"use_cpu_initialization": True} if device_type() == "cpu" else {}),
                      **overrides}
-        self.bridge = load_bridge(options.model_path, self.dtype, overrides, options.override_model_config)
+        hf_overrides = (cut_model_overrides(options.model_path, options.override_model_config, options.truncate_at_layer)
+                        if self.is_reconstructor else options.override_model_config)
+        self.bridge = load_bridge(options.model_path, self.dtype, overrides, hf_overrides)
         self.config = self.bridge.config
         chunks = build_model_chunks(self.bridge, options.virtual_pipeline_model_parallel_size)
         for chunk in chunks:
@@ -93,6 +101,8 @@ class MegatronEngine(TrainEngine):
         for chunk in heads:
             attach_value_head(chunk, self.bridge.hf_config, options.model_path, options.seed)
             chunk.output_layer.to(self.device)
+        if self.is_reconstructor:
+            self.prediction_module = self._prepare_reconstructor(chunks)
         self.chunks = self._wrap(chunks)
         self.dp_size = mpu.get_data_parallel_world_size()
         self.dp_rank = mpu.get_data_parallel_rank()
@@ -102,6 +112,16 @@ class MegatronEngine(TrainEngine):
         self.optimizer_steps = 0  # what the learning-rate schedule counts
         self.offloader = MegatronOffload(params=options.param_offload, grads=options.grad_offload and options.trains,
                                          optimizer=options.optimizer_offload and options.trains)
+
+    def _prepare_reconstructor(self, chunks: list[nn.Module]) -> nn.Module:
+        """The module whose output the reconstructor predicts from, with the parameters it does not reach
+        frozen before DDP wraps the model (`reconstructor.py`)."""
+        options = self.options
+        module = prediction_module(chunks[0], options.output_layer_index, self.bridge.hf_config)
+        check_layout(options.pipeline_model_parallel_size, options.context_parallel_size,
+                     self.config.recompute_granularity, module is chunks[0].decoder.final_layernorm)
+        freeze_unreached(chunks[0], module)
+        return module
 
     def _wrap(self, chunks: list[nn.Module]) -> list[nn.Module]:
         """Chunks in bf16/fp16 behind Float16Module, and under megatron-core's DDP when they train."""
@@ -152,10 +172,16 @@ class MegatronEngine(TrainEngine):
         def forward_step(data_iterator, model):
             micro = next(data_iterator)
             head = _output_layer(model)
-            fused = head is not None and self.options.tensor_model_parallel_size == 1 and not self.is_critic
-            fused_head = _fused_head(head, micro, temperature, compute_entropy, entropy_grad) if fused else nullcontext()
-            injection = nullcontext() if self.is_critic else injecting(model, micro, mode=self.options.injection_mode)
-            with fused_head, injection:
+            log_probs = self.options.role in _LOG_PROB_ROLES
+            fused = head is not None and self.options.tensor_model_parallel_size == 1 and log_probs
+            if self.is_reconstructor:
+                head_forward = predicting(head, self.prediction_module, micro.attention_mask,
+                                          self.config.sequence_parallel)
+            else:
+                head_forward = _fused_head(head, micro, temperature, compute_entropy, entropy_grad) if fused \
+                    else nullcontext()
+            injection = injecting(model, micro, mode=self.options.injection_mode) if log_probs else nullcontext()
+            with head_forward, injection:
                 output = model(input_ids=micro.input_ids, position_ids=micro.position_ids,
                                attention_mask=_attention_mask(micro.attention_mask))
             return output, partial(self._loss, micro, loss_fn, context, count, compute_entropy, temperature,
@@ -181,10 +207,12 @@ class MegatronEngine(TrainEngine):
     def _outputs(self, micro: Batch, model_output: Tensor, compute_entropy: bool, temperature: float,
                  entropy_grad: bool, fused: bool) -> ModelOutput:
         """The micro-batch's ModelOutput from what the model returned: a critic's [b, P+R, 1] values
-        (the value before response token i sits at P-1+i), the fused head's [b, R, 1 or 2] log-prob
-        (and entropy), or vocabulary-parallel logits [b, P+R, V/TP]."""
+        (the value before response token i sits at P-1+i), a reconstructor's [b, 1, H] predictions, the
+        fused head's [b, R, 1 or 2] log-prob (and entropy), or vocabulary-parallel logits [b, P+R, V/TP]."""
         from megatron.core import parallel_state as mpu
 
+        if self.is_reconstructor:
+            return ModelOutput(predictions=model_output[:, 0].float())
         if self.is_critic:
             return ModelOutput(values=model_output[:, micro.response_prediction_positions, 0].float() * micro.response_mask)
         if fused:

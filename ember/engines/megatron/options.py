@@ -15,6 +15,7 @@ from typing import Any
 from ember.engines.optim import OptimOptions
 from ember.errors import UserError
 
+ROLES = ("actor", "critic", "ref", "reconstructor")
 INSTALL_HINT = ("pip install megatron-core mbridge einops (megatron-core ≥ 0.16; Transformer Engine is optional: "
                 "without it ember uses megatron-core's local layer spec)")
 
@@ -30,7 +31,8 @@ class MegatronOptions:
     model_path: str
     """Hugging Face checkpoint directory to start from (converted by mbridge)."""
     role: str = "actor"
-    """"actor" and "critic" train; "ref" only computes log-probs."""
+    """"actor", "critic" and "reconstructor" (NLA's critic: a hidden state at each sample's last token) train;
+    "ref" only computes log-probs."""
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
     virtual_pipeline_model_parallel_size: int | None = None
@@ -56,6 +58,14 @@ class MegatronOptions:
     optim: OptimOptions = field(default_factory=OptimOptions)
     injection_mode: str = "replace"
     """NLA: how a batch's activation vectors enter the actor's embedding output (`megatron/injection.py`)."""
+    output_layer_index: int | None = None
+    """NLA reconstructor: the `hidden_states` index it predicts from (None or -1: the last)."""
+    truncate_at_layer: int | None = None
+    """NLA reconstructor: build and load only the first this many decoder layers (None: all)."""
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"engine role {self.role!r}: choose one of {ROLES}")
 
     @property
     def trains(self) -> bool:
@@ -73,9 +83,10 @@ class MegatronOptions:
 
 
 def megatron_options(model_path: str, role: str, megatron_cfg, optim: OptimOptions | None,
-                     injection_mode: str = "replace") -> MegatronOptions:
+                     injection_mode: str = "replace", output_layer_index: int | None = None,
+                     truncate_at_layer: int | None = None) -> MegatronOptions:
     """MegatronOptions from a role's `megatron` config section (ember/config/schema/megatron.py) and, in
-    an NLA run, `nla.injection.mode`."""
+    an NLA run, `nla.injection.mode` (actor, reference) or the reconstructor's layer index and cut."""
     return MegatronOptions(
         model_path=model_path, role=role,
         tensor_model_parallel_size=megatron_cfg.tensor_model_parallel_size,
@@ -91,7 +102,8 @@ def megatron_options(model_path: str, role: str, megatron_cfg, optim: OptimOptio
         seed=megatron_cfg.seed, override_transformer_config=dict(megatron_cfg.override_transformer_config or {}),
         override_ddp_config=dict(megatron_cfg.override_ddp_config or {}),
         override_model_config=dict(megatron_cfg.override_model_config or {}),
-        optim=optim or OptimOptions(), injection_mode=injection_mode)
+        optim=optim or OptimOptions(), injection_mode=injection_mode, output_layer_index=output_layer_index,
+        truncate_at_layer=truncate_at_layer)
 
 
 def checked_overrides(overrides: dict[str, Any], config_class: type, key: str) -> dict[str, Any]:

@@ -1,0 +1,131 @@
+"""NLA's reconstructor (the critic of `ember nla train`) on a megatron-core GPTModel.
+
+The prediction is the one `models/reconstructor.py` reads from an HF model: `hidden_states[L]`
+in transformers' indexing at each sample's last real token (L = 0 the embedding output,
+0 < L < layers decoder layer L's output before any final norm, L = layers or -1 the final
+norm's output). A forward hook on that module (`model.embedding`, `model.decoder.layers[L-1]`,
+which returns (hidden states, context), or `model.decoder.final_layernorm`) keeps its
+sequence-first [s, b, H] output, and for that forward the LM head returns the rows
+[last[b], b] instead of logits: no [s, b, vocabulary] tensor is computed, and the model's
+output is the prediction, [b, 1, H].
+
+Parameters the prediction does not reach (decoder layers above L, the final norm when an
+inner layer is read, an untied LM head) are frozen (`requires_grad` False) before
+megatron-core's DDP wraps the model. Its DDP, optimizer and gradient finalisation skip such
+parameters: they get no gradient buffer, no Adam state and no weight decay (an optimizer
+holding them would decay them on zero gradients every step), and a checkpoint's optimizer
+state is the trained parameters' alone, as with FSDP2 (`trained_parameters`).
+
+The layers above L still run in each forward (their outputs feed nothing); a model cut with
+`truncate_at_layer` does not build them. Limits: one pipeline stage and no context
+parallelism (the read layer, the head and every token on one rank), and full recompute only
+with the final norm read (a layer's output inside a recomputed block carries no gradient).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from ember.engines.log_probs import replaced_forward
+from ember.errors import UserError
+from ember.models.reconstructor import FULL_LAYERS_KEY, full_layer_count, truncated_config
+
+
+def check_layout(pipeline_size: int, context_size: int, recompute_granularity: str | None,
+                 reads_final_norm: bool) -> None:
+    """A UserError for a parallel layout the Megatron reconstructor does not run (see the module docstring)."""
+    if pipeline_size > 1:
+        raise UserError(f"critic.megatron.pipeline_model_parallel_size={pipeline_size}: NLA's reconstructor on "
+                        "strategy megatron runs on one pipeline stage; set it to 1 (use tensor parallelism instead)")
+    if context_size > 1:
+        raise UserError(f"critic.megatron.context_parallel_size={context_size}: NLA's reconstructor reads each "
+                        "sample's last token, which context parallelism leaves on one rank; set it to 1")
+    if recompute_granularity == "full" and not reads_final_norm:
+        raise UserError("critic.megatron.override_transformer_config.recompute_granularity=full recomputes whole "
+                        "decoder layers, so an inner layer's output (critic.output_layer_index) carries no gradient: "
+                        "use recompute_granularity=selective, or read the last layer (output_layer_index=-1)")
+
+
+def cut_model_overrides(model_path: str, hf_overrides: dict, keep_layers: int | None) -> dict:
+    """`hf_overrides` (`megatron.override_model_config`, flattened) plus the HF config fields of the model cut
+    after `keep_layers` decoder layers (`truncated_config`): mbridge then builds and loads only those layers,
+    and an export records the full model's layer count, so L keeps its meaning."""
+    from transformers import AutoConfig
+
+    flat = dict(hf_overrides.get("model_config", hf_overrides) or {})
+    config = AutoConfig.from_pretrained(model_path)
+    for key, value in flat.items():
+        setattr(config, key, value)
+    cut = truncated_config(config, keep_layers)
+    if cut is config:
+        return flat
+    fields = {"num_hidden_layers": cut.num_hidden_layers, FULL_LAYERS_KEY: full_layer_count(cut)}
+    if isinstance(getattr(cut, "layer_types", None), list):
+        fields["layer_types"] = cut.layer_types
+    return {**flat, **fields}
+
+
+def prediction_module(model: nn.Module, layer_index: int | None, hf_config) -> nn.Module:
+    """The GPTModel module whose output is `hidden_states[layer_index]` (see the module docstring)."""
+    full = full_layer_count(hf_config)
+    index = full if layer_index is None else layer_index
+    if not -(full + 1) <= index <= full:
+        raise UserError(f"critic.output_layer_index={layer_index}: the model has {full} decoder layers, so use "
+                        f"0..{full} or -{full + 1}..-1 counted from the end (-1 = the last)")
+    index %= full + 1  # hidden_states has full + 1 entries
+    if index == 0:
+        return model.embedding
+    layers = model.decoder.layers
+    if index == full and len(layers) == full:
+        return model.decoder.final_layernorm
+    if index > len(layers):
+        raise UserError(f"critic.output_layer_index={index} reads decoder layer {index}, but this model keeps only "
+                        f"its first {len(layers)} layers (truncate_at_layer); use an index of at most {len(layers)}")
+    return layers[index - 1]
+
+
+def freeze_unreached(model: nn.Module, module: nn.Module) -> None:
+    """Only the parameters `module`'s output depends on keep `requires_grad` (the embedding, the decoder layers
+    up to the read one, the final norm when it is read); called before DDP wraps the model."""
+    layers = list(model.decoder.layers)
+    reached = [model.embedding]
+    if module is model.decoder.final_layernorm:
+        reached += [*layers, module]
+    elif module is not model.embedding:
+        reached += layers[:layers.index(module) + 1]
+    kept = {id(parameter) for part in reached for parameter in part.parameters()}
+    for parameter in model.parameters():
+        parameter.requires_grad_(id(parameter) in kept)
+
+
+@contextmanager
+def predicting(head: nn.Module, module: nn.Module, attention_mask: Tensor, sequence_parallel: bool) -> Iterator[None]:
+    """For one forward, `head` (the LM head) returns `module`'s output at each sample's last real token,
+    [1, b, H], instead of logits. Under sequence parallelism the output is gathered first; its backward
+    keeps each rank's slice (every tensor-parallel rank computes the same loss), as the value head does."""
+    captured: list[Tensor] = []
+    width = attention_mask.shape[1]
+    last = width - 1 - attention_mask.bool().flip(dims=[1]).int().argmax(dim=1)
+    samples = torch.arange(attention_mask.shape[0], device=attention_mask.device)
+
+    def keep(_module: nn.Module, _args, output) -> None:
+        captured.append(output[0] if isinstance(output, tuple) else output)
+
+    def prediction_instead_of_logits(hidden: Tensor, weight: Tensor | None = None, runtime_gather_output=None):
+        read = captured[-1]
+        if sequence_parallel:
+            from megatron.core import tensor_parallel
+
+            read = tensor_parallel.gather_from_sequence_parallel_region(read, tensor_parallel_output_grad=False)
+        return read[last, samples].unsqueeze(0), None
+
+    handle = module.register_forward_hook(keep)
+    try:
+        with replaced_forward(head, prediction_instead_of_logits):
+            yield
+    finally:
+        handle.remove()
