@@ -45,24 +45,29 @@ def truncated_config(config: PretrainedConfig, keep_layers: int | None) -> Pretr
     return config
 
 
-def prediction_module(model: nn.Module, layer_index: int | None) -> nn.Module:
-    """The module whose output is `hidden_states[layer_index]` (see the module docstring)."""
-    body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
-    full = full_layer_count(model.config)
+def hidden_state_index(layer_index: int | None, full: int, kept: int) -> int:
+    """`layer_index` (None: the last; negative: from the end) as an index into the full model's
+    `full + 1` hidden states, checked against the model's size and the `kept` layers a cut model
+    has: 0 reads the embeddings, `full` with every layer kept the final norm, i decoder layer i."""
     index = full if layer_index is None else layer_index
     if not -(full + 1) <= index <= full:
         raise ValueError(f"output_layer_index={layer_index}: the model has {full} decoder layers, so use 0..{full} "
                          f"or -{full + 1}..-1 counted from the end (-1 = the last)")
     index %= full + 1  # hidden_states has full + 1 entries
+    if index > kept:
+        raise ValueError(f"output_layer_index={index} reads decoder layer {index}, but this model keeps only its "
+                         f"first {kept} layers (truncate_at_layer); use an index of at most {kept}")
+    return index
+
+
+def prediction_module(model: nn.Module, layer_index: int | None) -> nn.Module:
+    """The module whose output is `hidden_states[layer_index]` (see the module docstring)."""
+    body = model.get_decoder() if hasattr(model, "get_decoder") else model.model
+    full, layers = full_layer_count(model.config), body.layers
+    index = hidden_state_index(layer_index, full, len(layers))
     if index == 0:
         return model.get_input_embeddings()
-    layers = body.layers
-    if index == full and len(layers) == full:
-        return body.norm
-    if index > len(layers):
-        raise ValueError(f"output_layer_index={index} reads decoder layer {index}, but this model keeps only its "
-                         f"first {len(layers)} layers (truncate_at_layer); use an index of at most {len(layers)}")
-    return layers[index - 1]
+    return body.norm if index == full and len(layers) == full else layers[index - 1]
 
 
 def trained_parameters(model: nn.Module, layer_index: int | None) -> list[nn.Parameter]:

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from ember.engines.log_probs import replaced_forward
 from ember.errors import UserError
-from ember.models.reconstructor import FULL_LAYERS_KEY, full_layer_count, truncated_config
+from ember.models.reconstructor import FULL_LAYERS_KEY, full_layer_count, hidden_state_index, truncated_config
 
 
 def check_layout(pipeline_size: int, context_size: int, recompute_granularity: str | None,
@@ -71,21 +71,14 @@ def cut_model_overrides(model_path: str, hf_overrides: dict, keep_layers: int | 
 
 def prediction_module(model: nn.Module, layer_index: int | None, hf_config) -> nn.Module:
     """The GPTModel module whose output is `hidden_states[layer_index]` (see the module docstring)."""
-    full = full_layer_count(hf_config)
-    index = full if layer_index is None else layer_index
-    if not -(full + 1) <= index <= full:
-        raise UserError(f"critic.output_layer_index={layer_index}: the model has {full} decoder layers, so use "
-                        f"0..{full} or -{full + 1}..-1 counted from the end (-1 = the last)")
-    index %= full + 1  # hidden_states has full + 1 entries
+    full, layers = full_layer_count(hf_config), model.decoder.layers
+    try:
+        index = hidden_state_index(layer_index, full, len(layers))
+    except ValueError as error:
+        raise UserError(f"critic.{error}") from None
     if index == 0:
         return model.embedding
-    layers = model.decoder.layers
-    if index == full and len(layers) == full:
-        return model.decoder.final_layernorm
-    if index > len(layers):
-        raise UserError(f"critic.output_layer_index={index} reads decoder layer {index}, but this model keeps only "
-                        f"its first {len(layers)} layers (truncate_at_layer); use an index of at most {len(layers)}")
-    return layers[index - 1]
+    return model.decoder.final_layernorm if index == full and len(layers) == full else layers[index - 1]
 
 
 def freeze_unreached(model: nn.Module, module: nn.Module) -> None:
