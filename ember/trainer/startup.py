@@ -1,10 +1,11 @@
 """Where a run's start-up goes, from the process's start to its first training step.
 
 `StartUp` is made when the run's set-up begins; its time before that (the interpreter,
-imports, config loading) is `launch`, counted from the process's start where the system
-says when that was (Linux's /proc). `phase(name)` times a block of the set-up: `data`,
-`rewards`, `roles` (every process's engines: models loaded, sharded, compiled; the rollout
-engine), then `resume` and `validation`. With the first step this process trains, the run
+imports, config loading; for the built-in demo also its warm start) is `before_setup`,
+counted from the process's start where the system says when that was (Linux's /proc).
+`phase(name)` times a block of the set-up: `data`, `rewards`, `roles` (every process's
+engines: models loaded, sharded, compiled; the rollout engine), then `resume` and
+`validation`. With the first step this process trains, the run
 logs one line and `timing_s/startup/*` metrics; the rest up to that step (the first step's
 own compilation and graph capture) is the step's `timing_s/step`.
 """
@@ -35,8 +36,8 @@ class StartUp:
     """Seconds of each start-up phase of a run; see the module docstring."""
 
     def __init__(self):
-        launch = seconds_since_process_start()
-        self.phases: dict[str, float] = {} if launch is None else {"launch": launch}
+        before = seconds_since_process_start()
+        self.phases: dict[str, float] = {} if before is None else {"before_setup": before}
         self.reported = False
 
     def phase(self, name: str):
