@@ -251,25 +251,8 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
         with timed(seconds, "reconstructor"):
             built["critic"] = build_reconstructor(cfg, total_steps)
     elif "critic" in roles:
-        critic_cfg = cfg.critic
-        critic_updates = optimizer_steps_per_rl_step(cfg, critic_cfg.ppo_epochs, critic_cfg.ppo_mini_batch_size)
         with timed(seconds, "critic"):
-            critic_engine = build_engine(critic_cfg.model.path, "critic", critic_cfg.model,
-                                         critic_cfg.model.fsdp_config,
-                                         optim_options(critic_cfg.optim, critic_cfg.grad_clip, total_steps,
-                                                       critic_updates),
-                                         seed=cfg.trainer.seed, use_remove_padding=critic_cfg.model.use_remove_padding,
-                                         megatron=megatron_section(critic_cfg))
-        mini_batch_samples = critic_cfg.ppo_mini_batch_size * n // dp_size
-        critic_micro = critic_cfg.ppo_micro_batch_size_per_gpu or mini_batch_samples
-        built["critic"] = Critic(critic_engine, CriticOptions(
-            mini_batch_samples=mini_batch_samples,
-            micro_batch=micro_batch_spec(critic_cfg.use_dynamic_bsz, critic_cfg.ppo_max_token_len_per_gpu,
-                                         critic_micro, critic_micro),
-            forward_micro_batch=micro_batch_spec(critic_cfg.use_dynamic_bsz, critic_cfg.forward_max_token_len_per_gpu,
-                                                 critic_cfg.forward_micro_batch_size_per_gpu, critic_micro),
-            ppo_epochs=critic_cfg.ppo_epochs, shuffle=critic_cfg.shuffle, cliprange_value=critic_cfg.cliprange_value,
-            loss_agg_mode=critic_cfg.loss_agg_mode, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
+            built["critic"] = build_critic(cfg, total_steps)
     for role in ("actor", "reference", "critic"):  # param/optimizer_offload: on the device only in its phases
         if role in built:
             built[role].engine.offload()
@@ -278,21 +261,37 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
     return built
 
 
-def build_reconstructor(cfg: EmberConfig, total_steps: int) -> Reconstructor:
-    """This rank's reconstructor, sized for its data-parallel share of the critic's batches."""
+def build_critic(cfg: EmberConfig, total_steps: int) -> Critic:
+    """This rank's PPO critic (value model), sized for its data-parallel share of the critic's batches."""
     critic = cfg.critic
-    n = cfg.actor_rollout_ref.rollout.n
+    return Critic(critic_engine(cfg, "critic", total_steps), CriticOptions(
+        **critic_batching(cfg), cliprange_value=critic.cliprange_value, loss_agg_mode=critic.loss_agg_mode,
+        norm_length=cfg.data.max_response_length))
+
+
+def build_reconstructor(cfg: EmberConfig, total_steps: int) -> Reconstructor:
+    """This rank's NLA reconstructor, sized for its data-parallel share of the critic's batches."""
+    engine = critic_engine(cfg, "reconstructor", total_steps, output_layer_index=cfg.critic.output_layer_index,
+                           truncate_at_layer=cfg.critic.model.truncate_at_layer)
+    return Reconstructor(engine, ReconstructorOptions(**critic_batching(cfg)))
+
+
+def critic_engine(cfg: EmberConfig, role: str, total_steps: int, **nla) -> TrainEngine:
+    """The engine of the `critic` section's model for `role` ("critic" or "reconstructor")."""
+    critic = cfg.critic
     updates = optimizer_steps_per_rl_step(cfg, critic.ppo_epochs, critic.ppo_mini_batch_size)
-    engine = build_engine(critic.model.path, "reconstructor", critic.model, critic.model.fsdp_config,
-                          optim_options(critic.optim, critic.grad_clip, total_steps, updates), seed=cfg.trainer.seed,
-                          use_remove_padding=critic.model.use_remove_padding, megatron=megatron_section(critic),
-                          output_layer_index=critic.output_layer_index,
-                          truncate_at_layer=critic.model.truncate_at_layer)
-    mini_batch_samples = critic.ppo_mini_batch_size * n // world_size()
+    return build_engine(critic.model.path, role, critic.model, critic.model.fsdp_config,
+                        optim_options(critic.optim, critic.grad_clip, total_steps, updates), seed=cfg.trainer.seed,
+                        use_remove_padding=critic.model.use_remove_padding, megatron=megatron_section(critic), **nla)
+
+
+def critic_batching(cfg: EmberConfig) -> dict:
+    """The `critic` section's batching for this rank (`CriticBatching`'s fields)."""
+    critic = cfg.critic
+    mini_batch_samples = critic.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // world_size()
     micro = critic.ppo_micro_batch_size_per_gpu or mini_batch_samples
-    return Reconstructor(engine, ReconstructorOptions(
-        mini_batch_samples=mini_batch_samples,
-        micro_batch=micro_batch_spec(critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu, micro, micro),
-        forward_micro_batch=micro_batch_spec(critic.use_dynamic_bsz, critic.forward_max_token_len_per_gpu,
-                                             critic.forward_micro_batch_size_per_gpu, micro),
-        ppo_epochs=critic.ppo_epochs, shuffle=critic.shuffle, seed=cfg.trainer.seed))
+    return dict(mini_batch_samples=mini_batch_samples,
+                micro_batch=micro_batch_spec(critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu, micro, micro),
+                forward_micro_batch=micro_batch_spec(critic.use_dynamic_bsz, critic.forward_max_token_len_per_gpu,
+                                                     critic.forward_micro_batch_size_per_gpu, micro),
+                ppo_epochs=critic.ppo_epochs, shuffle=critic.shuffle, seed=cfg.trainer.seed)

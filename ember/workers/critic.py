@@ -15,18 +15,24 @@ from ember.workers.minibatch import average_metrics, iterate_mini_batches
 
 
 @dataclass(frozen=True)
-class CriticOptions:
-    """The slice of `critic` the critic needs."""
+class CriticBatching:
+    """How the `critic` section batches a critic's work: PPO's value model and NLA's reconstructor alike."""
 
     mini_batch_samples: int  # ppo_mini_batch_size × rollout.n / data-parallel size: this rank's share
     micro_batch: MicroBatchSpec  # ppo_micro_batch_size_per_gpu, or ppo_max_token_len_per_gpu with use_dynamic_bsz
     forward_micro_batch: MicroBatchSpec  # forward_micro_batch_size_per_gpu, or forward_max_token_len_per_gpu
     ppo_epochs: int
     shuffle: bool
+    seed: int
+
+
+@dataclass(frozen=True)
+class CriticOptions(CriticBatching):
+    """The slice of `critic` the critic needs: its batching and its value loss."""
+
     cliprange_value: float
     loss_agg_mode: str
     norm_length: int
-    seed: int
 
 
 class Critic(EngineRole):

@@ -17,21 +17,15 @@ import torch
 from torch import Tensor
 
 from ember.data.batch import Batch
-from ember.engines.base import LossContext, MicroBatchSpec, ModelOutput, TrainEngine
+from ember.engines.base import LossContext, ModelOutput, TrainEngine
+from ember.workers.critic import CriticBatching
 from ember.workers.engine_role import EngineRole
 from ember.workers.minibatch import average_metrics, iterate_mini_batches
 
 
 @dataclass(frozen=True)
-class ReconstructorOptions:
-    """The slice of `critic` the reconstructor needs."""
-
-    mini_batch_samples: int  # ppo_mini_batch_size × rollout.n / data-parallel size: this rank's share
-    micro_batch: MicroBatchSpec  # ppo_micro_batch_size_per_gpu, or ppo_max_token_len_per_gpu with use_dynamic_bsz
-    forward_micro_batch: MicroBatchSpec  # forward_micro_batch_size_per_gpu, or forward_max_token_len_per_gpu
-    ppo_epochs: int
-    shuffle: bool
-    seed: int
+class ReconstructorOptions(CriticBatching):
+    """The slice of `critic` the reconstructor needs: its batching (its loss, MSE, has no settings)."""
 
 
 def reconstruction_batch(critic_prompt_ids: Sequence[int], responses: Sequence[Sequence[int]], targets: Tensor,
