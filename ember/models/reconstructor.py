@@ -87,14 +87,18 @@ def trained_parameters(model: nn.Module, layer_index: int | None) -> list[nn.Par
     return [parameter for parameter in model.parameters() if id(parameter) in kept]
 
 
+def last_token_columns(attention_mask: Tensor) -> Tensor:
+    """[b] the column of each sample's last real token in the padded [b, T] layout."""
+    mask = attention_mask.bool()
+    return mask.shape[1] - 1 - mask.flip(dims=[1]).int().argmax(dim=1)
+
+
 def last_token_rows(batch: Batch, packed: bool) -> Tensor:
     """Index of each sample's last real token: in the flattened [b * T] padded layout, or the packed row."""
     mask = batch.attention_mask.bool()
     if packed:
         return mask.sum(dim=1).cumsum(dim=0) - 1
-    width = mask.shape[1]
-    last = width - 1 - mask.flip(dims=[1]).int().argmax(dim=1)
-    return torch.arange(len(batch), device=mask.device) * width + last
+    return torch.arange(len(batch), device=mask.device) * mask.shape[1] + last_token_columns(mask)
 
 
 def compute_reconstruction(model: nn.Module, batch: Batch, layer_index: int | None, *,

@@ -32,7 +32,8 @@ from torch import Tensor, nn
 
 from ember.engines.log_probs import replaced_forward
 from ember.errors import UserError
-from ember.models.reconstructor import FULL_LAYERS_KEY, full_layer_count, hidden_state_index, truncated_config
+from ember.models.reconstructor import (FULL_LAYERS_KEY, full_layer_count, hidden_state_index, last_token_columns,
+                                         truncated_config)
 
 
 def check_layout(pipeline_size: int, context_size: int, recompute_granularity: str | None,
@@ -101,8 +102,7 @@ def predicting(head: nn.Module, module: nn.Module, attention_mask: Tensor, seque
     [1, b, H], instead of logits. Under sequence parallelism the output is gathered first; its backward
     keeps each rank's slice (every tensor-parallel rank computes the same loss), as the value head does."""
     captured: list[Tensor] = []
-    width = attention_mask.shape[1]
-    last = width - 1 - attention_mask.bool().flip(dims=[1]).int().argmax(dim=1)
+    last = last_token_columns(attention_mask)
     samples = torch.arange(attention_mask.shape[0], device=attention_mask.device)
 
     def keep(_module: nn.Module, _args, output) -> None:
