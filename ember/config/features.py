@@ -102,10 +102,6 @@ RL_UNIMPLEMENTED: list[Row] = [
      lambda cfg: f"trainer.noise_injection with {_A}.rollout.name=hf: the hf rollout generates with the actor's own "
                  "module, so noise would land on the trained weights; use rollout.name=ember (noise goes to its "
                  "copy only)"),
-    (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.critic.strategy == "megatron",
-     lambda cfg: "ember nla train with critic.strategy=megatron (the reconstructor on megatron-core) is not "
-                 "implemented yet; use critic.strategy=fsdp2 (with critic.model.fsdp_config: {} in place of null); the "
-                 "actor may stay on megatron"),
     (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.algorithm.adv_estimator == "remax",
      lambda cfg: "ember nla train with algorithm.adv_estimator=remax (a greedy explanation's reconstruction as the "
                  "baseline) is not implemented yet; use grpo (the fork's), rloo or reinforce_plus_plus"),

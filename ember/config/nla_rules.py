@@ -81,6 +81,23 @@ def megatron_critic_pipeline_error(cfg: NLATrainConfig) -> str | None:
             "  3. scale with tensor parallelism instead: raise critic.megatron.tensor_model_parallel_size")
 
 
+def megatron_reconstructor_layout_error(pipeline_size: int, context_size: int, recompute_granularity: str | None,
+                                        reads_final_norm: bool) -> str | None:
+    """What the reconstructor on strategy megatron does not run (`engines/megatron/reconstructor.py`), checked at
+    load and again when the engine is built."""
+    if pipeline_size > 1:
+        return (f"critic.megatron.pipeline_model_parallel_size={pipeline_size}: NLA's reconstructor on strategy "
+                "megatron runs on one pipeline stage; set it to 1 (use tensor parallelism instead)")
+    if context_size > 1:
+        return (f"critic.megatron.context_parallel_size={context_size}: NLA's reconstructor reads each sample's last "
+                "token, which context parallelism leaves on one rank; set it to 1")
+    if recompute_granularity == "full" and not reads_final_norm:
+        return ("critic.megatron.override_transformer_config.recompute_granularity=full recomputes whole decoder "
+                "layers, so an inner layer's output (critic.output_layer_index) carries no gradient: use "
+                "recompute_granularity=selective, or read the last layer (output_layer_index=-1)")
+    return None
+
+
 def nla_train_errors(cfg: NLATrainConfig) -> list[str]:
     """Every NLA problem of an `ember nla train` configuration but the pipeline guard (raised on its own, first)."""
     errors = _section_errors("nla", cfg.nla)
@@ -89,6 +106,13 @@ def nla_train_errors(cfg: NLATrainConfig) -> list[str]:
         errors.append("critic.critic_prompt is empty; remove it (the critic then reads the response alone) or give text")
     errors += _truncation_errors("critic.model.truncate_at_layer", critic.model.truncate_at_layer,
                                  "critic.output_layer_index", critic.output_layer_index)
+    if critic.strategy == "megatron":
+        megatron = critic.megatron
+        reads_final_norm = critic.output_layer_index in (None, -1) and critic.model.truncate_at_layer is None
+        layout = megatron_reconstructor_layout_error(
+            megatron.pipeline_model_parallel_size, megatron.context_parallel_size,
+            (megatron.override_transformer_config or {}).get("recompute_granularity"), reads_final_norm)
+        errors += [layout] if layout else []
     if not critic.enable:
         errors.append("critic.enable=false: NLA's reward comes from the critic (the reconstructor); remove the line")
     if cfg.algorithm.adv_estimator == "gae":

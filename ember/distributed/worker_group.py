@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ember.config.placement import Pool
+from ember.errors import UserError
 
 
 class WorkerError(RuntimeError):
@@ -165,6 +166,8 @@ class RayWorkerGroup:
         try:
             return ray.get(future, timeout=self._death_timeout_s)
         except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, UserError):  # what the user gave, found by a worker: no traceback
+                raise UserError(f"{error.cause} ({self.name} rank {rank}, in {method})") from None
             raise WorkerError(f"{self.name} rank {rank} failed in {method}:\n{error}") from None
         except ray.exceptions.RayActorError as error:
             raise WorkerError(f"{self.name} rank {rank}: its worker process died during {method} "

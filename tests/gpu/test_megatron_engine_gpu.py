@@ -135,6 +135,40 @@ def test_grpo_with_megatron_actor_and_reference_runs_checkpoints_and_resumes(tmp
     assert sorted(resumed) == [1, 2, 3] and resumed[3]["actor/grad_norm"] > 0
 
 
+def test_a_megatron_ppo_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
+    """test_rl_resume.py's SIGKILL test with actor, reference and critic on megatron-core: `ember train` killed
+    while it scores step 3 (step 2 saved), then resumed, logs what the uninterrupted run logs. The learning-rate
+    schedules, the adaptive KL coefficient and the data order must match exactly; losses to a bf16 tolerance
+    (megatron-core's embedding backward accumulates with atomics, so two processes differ in the last bits)."""
+    import signal
+
+    from integration.rl_helpers import (HANG_ENV, ember_train_process, metrics_by_step, prepare_inputs,
+                                        run_overrides, train, wait_for)
+    from integration.test_rl_resume import STATEFUL_RUN
+
+    inputs = prepare_inputs(tmp_path / "inputs")
+    megatron = [*STATEFUL_RUN, "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
+                "critic.strategy=megatron", "actor_rollout_ref.rollout.name=ember", "trainer.device=cuda"]
+    uninterrupted_dir, killed_dir = tmp_path / "uninterrupted", tmp_path / "killed"
+    train(run_overrides(inputs, uninterrupted_dir, *megatron))
+    overrides = run_overrides(inputs, killed_dir, *megatron)
+    checkpoint_2 = killed_dir / "global_step_2" / "trainer_state.json"
+    log_path = tmp_path / "killed.log"
+    with ember_train_process(overrides, log_path, env={HANG_ENV: str(checkpoint_2)}) as process:
+        wait_for(checkpoint_2.exists, process, log_path, timeout_s=300)
+        process.send_signal(signal.SIGKILL)
+        assert process.wait(timeout=30) == -signal.SIGKILL
+    assert train(overrides + ["trainer.resume_mode=auto"]).step == 4
+
+    expected, actual = metrics_by_step(uninterrupted_dir), metrics_by_step(killed_dir)
+    assert sorted(actual) == sorted(expected) == [0, 1, 2, 3, 4]
+    for step in (3, 4):  # the resumed steps
+        for key in ("actor/lr", "critic/lr", "actor/reward_kl_coef"):
+            assert actual[step][key] == pytest.approx(expected[step][key], rel=1e-6), (step, key)
+        for key in ("actor/pg_loss", "critic/vf_loss", "critic/score/mean", "response_length/mean"):
+            assert actual[step][key] == pytest.approx(expected[step][key], rel=0.05, abs=0.02), (step, key)
+
+
 def test_megatron_sft_learns_like_fsdp_and_its_checkpoint_exports(tmp_path, caplog):
     import os
 

@@ -111,6 +111,30 @@ def test_nla_grpo_with_the_actor_on_megatron_runs_end_to_end(tmp_path):
     assert (tmp_path / "run" / "global_step_2" / "actor").is_dir()
 
 
+def test_the_forks_megatron_file_runs_with_both_roles_on_megatron_and_resumes(tmp_path):
+    """The fork's 7B Megatron run file as written (its override_transformer_config included), shrunk to one GPU:
+    actor and reconstructor on megatron-core, two steps with checkpoints, then a resume that continues to a
+    third step from the second's checkpoint."""
+    from fixtures import make_nla_model_dir
+    from integration.test_nla_rl import metric_lines, nla, rows, run_overrides
+
+    from ember.data.parquet import write_parquet
+
+    model_dir = make_nla_model_dir(tmp_path / "model")
+    train = write_parquet(rows(), tmp_path / "rl_train_layer1.parquet")
+    one_gpu = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
+               "critic.megatron.tensor_model_parallel_size=1", "trainer.device=cuda"]
+    assert nla("train", "runs/qwen_7b/rl_grpo_megatron", *run_overrides(tmp_path, model_dir, train), *one_gpu) == 0
+    first = metric_lines(tmp_path / "run")
+    assert [line["step"] for line in first] == [1, 2]
+    for line in first:
+        assert torch.isfinite(torch.tensor([line["actor/pg_loss"], line["critic/fve"], line["actor/grad_norm"]])).all()
+    assert (tmp_path / "run" / "global_step_2" / "critic").is_dir()
+    assert nla("train", "runs/qwen_7b/rl_grpo_megatron", *run_overrides(tmp_path, model_dir, train, steps=3), *one_gpu,
+               "trainer.resume_mode=auto") == 0
+    assert [line["step"] for line in metric_lines(tmp_path / "run")] == [1, 2, 3]
+
+
 # --- the reconstructor (NLA's critic) on Megatron against FSDP2's ------------------------------------------------
 
 RECONSTRUCTION_OPTIM = dataclasses.replace(GRADIENT_REVEALING_OPTIM, lr=0.1)  # an update of about 0.1 × gradient

@@ -1,5 +1,6 @@
 """NLA configuration: the fork's run files load with the fork's values, and its late or silent failures stop at load."""
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -133,15 +134,36 @@ def test_megatron_critic_pipeline_guard_first_line_and_ways_out():
         assert way in message
 
 
-@pytest.mark.parametrize("overrides", [
-    ["critic.output_layer_index=-1"],
-    ["critic.output_layer_index=null"],
-    ["critic.strategy=fsdp2", "critic.model.fsdp_config={}"],
-])
-def test_pipeline_guard_spares_the_last_layer_and_fsdp_critics(overrides):
+@pytest.mark.parametrize("overrides", [["critic.output_layer_index=-1"], ["critic.output_layer_index=null"]])
+def test_the_fork_guard_spares_the_last_layer_but_ember_runs_the_reconstructor_on_one_stage(overrides):
     pipeline = ["critic.megatron.tensor_model_parallel_size=2", "critic.megatron.pipeline_model_parallel_size=2"]
-    cfg = run_file("runs/qwen_7b/rl_grpo_megatron", pipeline + overrides)
-    assert cfg.critic.megatron.pipeline_model_parallel_size == 2
+    with pytest.raises(ConfigError) as error:
+        run_file("runs/qwen_7b/rl_grpo_megatron", pipeline + overrides)
+    message = str(error.value)
+    assert not message.startswith("NLA Megatron critic")  # the fork's sentence is for an inner layer only
+    assert "critic.megatron.pipeline_model_parallel_size=2: NLA's reconstructor on strategy megatron runs on one " \
+           "pipeline stage; set it to 1" in message
+    fsdp = run_file("runs/qwen_7b/rl_grpo_megatron", pipeline + overrides + ["critic.strategy=fsdp2",
+                                                                             "critic.model.fsdp_config={}"])
+    assert fsdp.critic.megatron.pipeline_model_parallel_size == 2  # an FSDP2 critic never reads the subtree
+
+
+@pytest.mark.parametrize("overrides, expected", [
+    (["critic.megatron.context_parallel_size=2"], "critic.megatron.context_parallel_size=2: NLA's reconstructor reads "
+                                                   "each sample's last token"),
+    (["critic.megatron.override_transformer_config.recompute_granularity=full"],
+     "recompute_granularity=full recomputes whole decoder layers, so an inner layer's output"),
+])
+def test_megatron_reconstructor_layouts_it_cannot_run_stop_at_load(overrides, expected):
+    with pytest.raises(ConfigError, match=re.escape(expected)):
+        run_file("runs/qwen_7b/rl_grpo_megatron", overrides)
+    run_file("runs/qwen_7b/rl_grpo_megatron", overrides + ["critic.strategy=fsdp2", "critic.model.fsdp_config={}"])
+
+
+def test_full_recompute_is_fine_when_the_reconstructor_reads_the_final_norm():
+    cfg = run_file("runs/qwen_7b/rl_grpo_megatron", [
+        "critic.megatron.override_transformer_config.recompute_granularity=full", "critic.output_layer_index=-1"])
+    assert unimplemented_features(cfg) == []
 
 
 @pytest.mark.parametrize("overrides, expected", [
@@ -199,13 +221,11 @@ def test_ember_train_takes_ray_kwargs_too():
     assert (cfg.ray_init.num_cpus, cfg.ray_init.num_gpus) == (3, 1)
 
 
-def test_the_fsdp2_file_runs_and_the_megatron_file_stops_at_its_row():
+def test_the_fsdp2_file_and_the_megatron_file_run():
     cfg = run_file("runs/qwen_7b/rl_grpo", ["trainer.rollout_data_dir=null"])
     assert unimplemented_features(cfg) == []
     megatron = run_file("runs/qwen_7b/rl_grpo_megatron")
-    with pytest.raises(NotImplementedFeature, match="ember nla train with critic.strategy=megatron .* is not implemented yet"):
-        check_implemented(megatron)
-    # the actor alone may be on Megatron (its injection is the Megatron engine's); the reconstructor stays on FSDP2
+    assert unimplemented_features(megatron) == []  # actor and reconstructor on Megatron, as the fork's file has them
     assert unimplemented_features(run_file("runs/qwen_7b/rl_grpo_megatron", [
         "critic.strategy=fsdp2", "critic.model.fsdp_config={}", "trainer.n_gpus_per_node=8"])) == []
     assert unimplemented_features(run_file("runs/qwen_7b/rl_grpo", ["actor_rollout_ref.actor.strategy=megatron"])) == []

@@ -54,7 +54,8 @@ from ember.engines.megatron.checkpoint import checkpoint_problem, export_hf, loa
 from ember.engines.megatron.injection import injecting
 from ember.engines.megatron.log_probs import vocab_parallel_log_probs
 from ember.engines.megatron.offload import MegatronOffload
-from ember.engines.megatron.options import MegatronOptions, checked_overrides, import_megatron
+from ember.engines.megatron.options import (MegatronOptions, checked_overrides, dtypes_resolved, field_names,
+                                           import_megatron, resolved_for_megatron_core)
 from ember.engines.megatron.parallel import initialize_layout
 from ember.engines.megatron.reconstructor import (check_layout, cut_model_overrides, freeze_unreached, predicting,
                                                   prediction_module)
@@ -74,16 +75,23 @@ class MegatronEngine(TrainEngine):
     def __init__(self, options: MegatronOptions):
         import_megatron()
         from megatron.core import parallel_state as mpu
+        from megatron.core.distributed import DistributedDataParallelConfig
         from megatron.core.transformer import TransformerConfig
 
+        options = resolved_for_megatron_core(options, field_names(TransformerConfig),
+                                             field_names(DistributedDataParallelConfig))
         self.options = options
         self.is_critic = options.role == "critic"
         self.is_reconstructor = options.role == "reconstructor"
         self.device = current_device()
+        if device_type() == "cpu" and options.trains:
+            raise UserError(f"strategy megatron trains on GPUs only (megatron-core's DistributedDataParallel keeps its "
+                            f"buffers on CUDA), and the {options.role} runs on a CPU here: use strategy fsdp2 on a CPU")
         initialize_layout(options.layout, options.seed)
         self.dtype = resolve_dtype(options.param_dtype)
-        overrides = checked_overrides(options.override_transformer_config, TransformerConfig,
-                                      "megatron.override_transformer_config")
+        overrides = dtypes_resolved(checked_overrides(options.override_transformer_config, TransformerConfig,
+                                                      "megatron.override_transformer_config"),
+                                    TransformerConfig, "megatron.override_transformer_config")
         overrides = {"sequence_parallel": options.sequence_parallel and options.tensor_model_parallel_size > 1,
                      **({"use_cpu_initialization": True} if device_type() == "cpu" else {}),
                      **overrides}

@@ -9,11 +9,14 @@ an unknown field stops the run naming it, instead of being dropped.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from ember.engines.optim import OptimOptions
 from ember.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 ROLES = ("actor", "critic", "ref", "reconstructor")
 INSTALL_HINT = ("pip install megatron-core mbridge einops (megatron-core ≥ 0.16; Transformer Engine is optional: "
@@ -106,10 +109,15 @@ def megatron_options(model_path: str, role: str, megatron_cfg, optim: OptimOptio
         truncate_at_layer=truncate_at_layer)
 
 
+def field_names(config_class: type) -> set[str]:
+    """The field names of the dataclass `config_class`."""
+    return {item.name for item in dataclasses.fields(config_class)}
+
+
 def checked_overrides(overrides: dict[str, Any], config_class: type, key: str) -> dict[str, Any]:
     """`overrides` when every name is a field of the dataclass `config_class`; else a UserError
     naming the unknown fields, the key they came from and a few close field names."""
-    known = {item.name for item in dataclasses.fields(config_class)}
+    known = field_names(config_class)
     unknown = sorted(set(overrides) - known)
     if unknown:
         import difflib
@@ -120,6 +128,59 @@ def checked_overrides(overrides: dict[str, Any], config_class: type, key: str) -
         raise UserError(f"{key}: megatron-core's {config_class.__name__} has no field {described}; "
                         "remove it or correct its name")
     return dict(overrides)
+
+
+def resolved_for_megatron_core(options: MegatronOptions, transformer_fields: set[str], ddp_fields: set[str],
+                               ) -> MegatronOptions:
+    """`options` with two spellings run files carry (NLA's Megatron recipe has both) put the way megatron-core
+    takes them:
+    - `override_transformer_config` names that are DistributedDataParallelConfig fields and not
+      TransformerConfig ones (`overlap_grad_reduce`, `overlap_param_gather`, `use_distributed_optimizer`) move
+      to `override_ddp_config` (its own entries win) and, for `use_distributed_optimizer`, the role's switch; a
+      value contradicting `megatron.use_distributed_optimizer` stops the run naming both.
+    - `recompute_num_layers` beside `recompute_granularity: selective` is dropped with a warning: selective
+      recompute covers every layer and megatron-core refuses the pair."""
+    transformer = dict(options.override_transformer_config)
+    moved = {name: transformer.pop(name) for name in list(transformer)
+             if name in ddp_fields and name not in transformer_fields}
+    distributed = moved.pop("use_distributed_optimizer", options.use_distributed_optimizer)
+    if bool(distributed) != options.use_distributed_optimizer:
+        raise UserError(f"megatron.override_transformer_config.use_distributed_optimizer={distributed} contradicts "
+                        f"megatron.use_distributed_optimizer={options.use_distributed_optimizer}; give it once, as "
+                        "megatron.use_distributed_optimizer")
+    if transformer.get("recompute_granularity") == "selective" and transformer.get("recompute_num_layers") is not None:
+        if first_rank():
+            logger.warning("%s: megatron.override_transformer_config.recompute_num_layers=%s is dropped: "
+                           "recompute_granularity=selective recomputes part of every layer, and megatron-core refuses "
+                           "a layer count with it; remove the key (or use recompute_granularity=full)", options.role,
+                           transformer["recompute_num_layers"])
+        transformer.pop("recompute_num_layers")
+    return dataclasses.replace(options, override_transformer_config=transformer,
+                               override_ddp_config={**moved, **options.override_ddp_config})
+
+
+def dtypes_resolved(overrides: dict[str, Any], config_class: type, key: str) -> dict[str, Any]:
+    """`overrides` with each value of a torch.dtype field given as a name ("bfloat16", "bf16", "fp32", ...; YAML
+    files such as NLA's Megatron recipe write `params_dtype: bfloat16`) turned into the dtype."""
+    from ember.models.loading import resolve_dtype
+
+    resolved = dict(overrides)
+    for item in dataclasses.fields(config_class):
+        value = resolved.get(item.name)
+        if isinstance(value, str) and "torch.dtype" in str(item.type):  # torch.dtype, Optional[torch.dtype]
+            try:
+                resolved[item.name] = resolve_dtype(value)
+            except ValueError as error:
+                raise UserError(f"{key}.{item.name}: {error}") from None
+    return resolved
+
+
+def first_rank() -> bool:
+    """Whether this process is the job's first (or the only one): where a warning every rank would repeat is
+    logged."""
+    import torch.distributed as dist
+
+    return not dist.is_initialized() or dist.get_rank() == 0
 
 
 def import_megatron():

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor, nn
 
 from ember.engines.log_probs import replaced_forward
+from ember.config.nla_rules import megatron_reconstructor_layout_error
 from ember.errors import UserError
 from ember.models.reconstructor import (FULL_LAYERS_KEY, full_layer_count, hidden_state_index, last_token_columns,
                                          truncated_config)
@@ -39,16 +40,9 @@ from ember.models.reconstructor import (FULL_LAYERS_KEY, full_layer_count, hidde
 def check_layout(pipeline_size: int, context_size: int, recompute_granularity: str | None,
                  reads_final_norm: bool) -> None:
     """A UserError for a parallel layout the Megatron reconstructor does not run (see the module docstring)."""
-    if pipeline_size > 1:
-        raise UserError(f"critic.megatron.pipeline_model_parallel_size={pipeline_size}: NLA's reconstructor on "
-                        "strategy megatron runs on one pipeline stage; set it to 1 (use tensor parallelism instead)")
-    if context_size > 1:
-        raise UserError(f"critic.megatron.context_parallel_size={context_size}: NLA's reconstructor reads each "
-                        "sample's last token, which context parallelism leaves on one rank; set it to 1")
-    if recompute_granularity == "full" and not reads_final_norm:
-        raise UserError("critic.megatron.override_transformer_config.recompute_granularity=full recomputes whole "
-                        "decoder layers, so an inner layer's output (critic.output_layer_index) carries no gradient: "
-                        "use recompute_granularity=selective, or read the last layer (output_layer_index=-1)")
+    error = megatron_reconstructor_layout_error(pipeline_size, context_size, recompute_granularity, reads_final_norm)
+    if error is not None:
+        raise UserError(error)
 
 
 def cut_model_overrides(model_path: str, hf_overrides: dict, keep_layers: int | None) -> dict:
