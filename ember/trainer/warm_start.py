@@ -62,7 +62,7 @@ def warm_start(model_dir: str, out_dir: str, sft_file: str, seed: int, options: 
                            lr_scheduler_type="constant", total_training_steps=options.max_steps)))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     dataset = SFTDataset(sft_file, tokenizer, max_length=options.max_length)
-    probe = sft_batch([dataset[index] for index in range(options.probe_size)], tokenizer.pad_token_id)
+    probe = sft_batch([dataset[index] for index in range(options.probe_size)], tokenizer.pad_token_id).to(engine.device)
     loader = PromptLoader(dataset, options.batch_size, shuffle=True, seed=seed)
     start, step = time.monotonic(), 0
     while True:  # epochs, until a check ends the warm start

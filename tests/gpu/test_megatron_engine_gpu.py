@@ -19,6 +19,7 @@ from integration.fsdp_engine_worker import (
 from transformers import AutoModelForCausalLM
 
 from ember.engines.fsdp.engine import FSDPEngine
+from ember.engines.optim import OptimOptions
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("mbridge")
@@ -105,6 +106,37 @@ def test_save_load_resumes_the_same_update_and_export_loads_in_transformers(tmp_
     assert synced == set(model.state_dict()) - {"lm_head.weight"}  # tied to the embedding
 
 
+@pytest.mark.parametrize("role", ["actor", "critic"])
+def test_a_checkpoint_after_several_updates_resumes_the_same_next_update(tmp_path, role):
+    """Three updates (so Adam's step count, moments and fp32 master weights all differ from a fresh
+    optimizer's), save, one more update; a new engine loaded from the save makes the same update.
+    The test above saves after one update, where a step count that is not restored cannot show."""
+    model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
+    batch = make_batch(samples=8)
+    optim = OptimOptions(lr=1e-3, weight_decay=0.01, clip_grad=1.0)
+    loss = value_loss if role == "critic" else mean_log_prob_loss
+
+    def outputs(engine):
+        output = engine.forward(batch, micro_batch_size=4)
+        return output.values if role == "critic" else output.log_probs
+
+    def build():
+        return MegatronEngine(MegatronOptions(model_path=model_dir, role=role, optim=optim))
+
+    engine = build()
+    for _ in range(3):
+        engine.train_mini_batch(batch, loss, micro_batch_size=4)
+    engine.save(str(tmp_path / "ckpt"))
+    saved = outputs(engine)
+    continued = engine.train_mini_batch(batch, loss, micro_batch_size=4)
+    resumed = build()
+    resumed.load(str(tmp_path / "ckpt"))
+    torch.testing.assert_close(outputs(resumed), saved, rtol=0, atol=0)
+    again = resumed.train_mini_batch(batch, loss, micro_batch_size=4)
+    assert (again["loss"], again["grad_norm"], again["lr"]) == (continued["loss"], continued["grad_norm"], continued["lr"])
+    torch.testing.assert_close(outputs(resumed), outputs(engine), rtol=0, atol=0)
+
+
 def test_reference_role_has_no_optimizer(tmp_path):
     model_dir = make_model_dir("llama", str(tmp_path / "model"))
     reference = megatron_engine(model_dir, role="ref")
@@ -137,14 +169,15 @@ def test_grpo_with_megatron_actor_and_reference_runs_checkpoints_and_resumes(tmp
 
 def test_a_megatron_ppo_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tmp_path):
     """test_rl_resume.py's SIGKILL test with actor, reference and critic on megatron-core: `ember train` killed
-    while it scores step 3 (step 2 saved), then resumed, logs what the uninterrupted run logs. The learning-rate
-    schedules, the adaptive KL coefficient and the data order must match exactly; losses to a bf16 tolerance
-    (megatron-core's embedding backward accumulates with atomics, so two processes differ in the last bits)."""
+    while it scores step 3 (step 2 saved), then resumed, logs exactly what the uninterrupted run logs. Two
+    uninterrupted runs on one H100 log bitwise-equal metrics (measured), so any difference is the resume's.
+    KNOWN TO FAIL (2026-11-25, H100): step 3 after the resume has the same rewards but other losses
+    (actor/pg_loss 2.27e-4 against 9.84e-5, critic/vf_loss 0.05084 against 0.05114), and the runs part
+    at step 4; test_a_checkpoint_after_several_updates_resumes_the_same_next_update says which role."""
     import signal
 
-    from integration.rl_helpers import (HANG_ENV, ember_train_process, metrics_by_step, prepare_inputs,
-                                        run_overrides, train, wait_for)
-    from integration.test_rl_resume import STATEFUL_RUN
+    from integration.rl_helpers import (HANG_ENV, NOT_REPRODUCIBLE, STATEFUL_RUN, ember_train_process,
+                                        metrics_by_step, prepare_inputs, run_overrides, train, wait_for)
 
     inputs = prepare_inputs(tmp_path / "inputs")
     megatron = [*STATEFUL_RUN, "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
@@ -162,11 +195,10 @@ def test_a_megatron_ppo_run_killed_after_a_checkpoint_resumes_to_the_uninterrupt
 
     expected, actual = metrics_by_step(uninterrupted_dir), metrics_by_step(killed_dir)
     assert sorted(actual) == sorted(expected) == [0, 1, 2, 3, 4]
-    for step in (3, 4):  # the resumed steps
-        for key in ("actor/lr", "critic/lr", "actor/reward_kl_coef"):
-            assert actual[step][key] == pytest.approx(expected[step][key], rel=1e-6), (step, key)
-        for key in ("actor/pg_loss", "critic/vf_loss", "critic/score/mean", "response_length/mean"):
-            assert actual[step][key] == pytest.approx(expected[step][key], rel=0.05, abs=0.02), (step, key)
+    for step in expected:
+        keys = {key for key in expected[step] if not key.startswith(NOT_REPRODUCIBLE)}
+        for key in keys:
+            assert actual[step][key] == pytest.approx(expected[step][key], abs=1e-6, rel=1e-6), (step, key)
 
 
 def test_megatron_sft_learns_like_fsdp_and_its_checkpoint_exports(tmp_path, caplog):

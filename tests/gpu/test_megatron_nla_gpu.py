@@ -123,7 +123,8 @@ def test_the_forks_megatron_file_runs_with_both_roles_on_megatron_and_resumes(tm
     model_dir = make_nla_model_dir(tmp_path / "model")
     train = write_parquet(rows(), tmp_path / "rl_train_layer1.parquet")
     one_gpu = ["actor_rollout_ref.actor.megatron.tensor_model_parallel_size=1",
-               "critic.megatron.tensor_model_parallel_size=1", "trainer.device=cuda"]
+               "critic.megatron.tensor_model_parallel_size=1", "trainer.device=cuda",
+               "~ray_kwargs.resource_pool", "ray_kwargs.ray_init.num_gpus=null"]  # its 4 + 4 GPUs: shared
     assert nla("train", "runs/qwen_7b/rl_grpo_megatron", *run_overrides(tmp_path, model_dir, train), *one_gpu) == 0
     first = metric_lines(tmp_path / "run")
     assert [line["step"] for line in first] == [1, 2]

@@ -78,6 +78,17 @@ def prepare_inputs(directory: Path, arch: str = "qwen2") -> RunInputs:
                      reward_file=reward_file)
 
 
+# Every piece of state a resume must restore: a critic, the adaptive KL coefficient, the
+# warmup schedule of both optimizers, shuffled mini-batches, the data order, validation.
+STATEFUL_RUN = ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
+                "algorithm.kl_ctrl.kl_coef=0.05", "algorithm.kl_ctrl.horizon=10",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.shuffle=True",
+                "critic.ppo_mini_batch_size=2", "critic.shuffle=True",
+                "actor_rollout_ref.actor.optim.lr_warmup_steps=3", "critic.optim.lr_warmup_steps=3",
+                "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=2"]
+NOT_REPRODUCIBLE = ("timing_s/", "perf/throughput", "perf/actor/", "perf/critic/")  # times and memory
+
+
 def run_overrides(inputs: RunInputs, run_dir: Path, *extra: str) -> list[str]:
     """A 3-step GRPO run (4 prompts × 4 samples, 8 response tokens) on CPU; `extra` overrides win."""
     return [f"actor_rollout_ref.model.path={inputs.model_dir}",

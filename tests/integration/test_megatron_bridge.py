@@ -1,5 +1,5 @@
 """The Megatron engine's pieces that run on a CPU: HF weights into megatron-core models and back
-through mbridge (local layer spec, one gloo rank), and the errors a user can act on.
+through mbridge (local layer spec, one gloo rank; dense and MoE models), and the errors a user can act on.
 
 megatron-core's forward needs CUDA (its attention asks for the current CUDA device), so
 log-probs, updates and checkpoints are tested in tests/gpu/test_megatron_engine_gpu.py.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from ember.engines.megatron.options import MegatronOptions, checked_overrides
@@ -18,7 +19,8 @@ from fixtures import make_tiny_model_dir
 pytest.importorskip("megatron.core")
 pytest.importorskip("mbridge")
 
-from ember.engines.megatron.bridge import build_model_chunks, fused_norm_name, hf_named_weights, load_bridge  # noqa: E402
+from ember.engines.megatron.bridge import (build_model_chunks, hf_named_weights, load_bridge,  # noqa: E402
+                                           transformer_engine_name, transformer_engine_names)
 from ember.engines.megatron.parallel import initialize_layout  # noqa: E402
 
 CPU_BUILD = dict(use_cpu_initialization=True, perform_initialization=False)
@@ -29,31 +31,82 @@ def one_rank():
     initialize_layout(MegatronOptions(model_path="unused").layout, seed=1)
 
 
+@pytest.fixture
+def moe_builds_on_cpu(monkeypatch):
+    """megatron-core's all-to-all token dispatcher (mbridge's choice for MoE models) makes a CUDA stream when the
+    first MoE layer is built, unless one exists: a stand-in lets a CPU build the model (its forward needs CUDA
+    anyway). The dispatcher has no parameters, so the weights built are the engine's."""
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    monkeypatch.setattr(MoEAlltoAllTokenDispatcher, "cuda_dtoh_stream", object())
+
+
 # A tied model first: mbridge edits its name tables for tied embeddings, and the untied models
-# after it must not inherit that edit.
-@pytest.mark.parametrize("arch,tied", [("qwen2", True), ("qwen2", False), ("llama", False), ("qwen3", False)])
-def test_hf_weights_go_into_megatron_core_and_come_back_unchanged(one_rank, tmp_path, arch, tied):
+# after it must not inherit that edit. Qwen2-MoE has a shared expert with a sigmoid gate; Qwen3-MoE
+# has none and normalises queries and keys.
+@pytest.mark.parametrize("arch,tied", [("qwen2", True), ("qwen2", False), ("llama", False), ("qwen3", False),
+                                       ("qwen2_moe", False), ("qwen3_moe", False)])
+def test_hf_weights_go_into_megatron_core_and_come_back_unchanged(one_rank, moe_builds_on_cpu, tmp_path, arch, tied):
     model_dir = make_tiny_model_dir(tmp_path, arch, tie_word_embeddings=tied)
     bridge = load_bridge(str(model_dir), torch.float32, CPU_BUILD)
     chunks = build_model_chunks(bridge, vpp_size=None)
     names = {name for name, _ in chunks[0].named_parameters()}
     assert "decoder.layers.0.input_layernorm.weight" in names  # megatron-core's local spec
+    if arch.endswith("_moe"):  # megatron-core's MoE layer, its experts a loop of MLPs (SequentialMLP)
+        assert {"decoder.layers.1.mlp.router.weight",
+                "decoder.layers.1.mlp.experts.local_experts.3.linear_fc1.weight"} <= names
     bridge.load_weights(chunks, str(model_dir))
 
     exported = dict(hf_named_weights(bridge, chunks))
-    original = AutoModelForCausalLM.from_pretrained(model_dir).state_dict()
+    original = load_file(model_dir / "model.safetensors")  # the checkpoint's names (transformers 5 fuses experts)
     expected_names = set(original) - ({"lm_head.weight"} if tied else set())
     assert set(exported) == expected_names
     for name in expected_names:
         torch.testing.assert_close(exported[name], original[name], rtol=0, atol=0, msg=name)
 
 
-def test_local_norm_names_map_to_the_fused_names_mbridge_knows():
-    assert fused_norm_name("decoder.layers.3.input_layernorm.weight") == \
+def test_moe_routing_and_shared_expert_gate_follow_the_hf_config(one_rank, moe_builds_on_cpu, tmp_path):
+    """Qwen2-MoE's `norm_topk_prob` (renormalised top-k probabilities) is megatron-core's softmax after top-k, and its
+    shared expert keeps its sigmoid gate; without Transformer Engine the experts are SequentialMLP, not the legacy
+    GroupedMLP (which needs the grouped_gemm package); the routers' load-balancing loss stays off (mbridge's choice
+    for RL)."""
+    for norm_topk_prob in (False, True):
+        model_dir = make_tiny_model_dir(tmp_path / str(norm_topk_prob), "qwen2_moe", norm_topk_prob=norm_topk_prob)
+        config = load_bridge(str(model_dir), torch.float32, CPU_BUILD).config
+        assert config.moe_router_pre_softmax is not norm_topk_prob
+        assert config.moe_shared_expert_gate and not config.moe_shared_expert_overlap
+        assert config.num_moe_experts == 4 and config.moe_router_topk == 2 and config.moe_ffn_hidden_size == 32
+        assert config.moe_router_load_balancing_type == "none"
+    assert not config.moe_grouped_gemm and not config.persist_layer_norm  # no Transformer Engine here
+    overridden = load_bridge(str(model_dir), torch.float32, {**CPU_BUILD, "moe_router_pre_softmax": True}).config
+    assert overridden.moe_router_pre_softmax  # override_transformer_config wins
+
+
+def test_a_moe_model_with_dense_layers_is_refused_by_name(one_rank, tmp_path):
+    model_dir = make_tiny_model_dir(tmp_path, "qwen2_moe", mlp_only_layers=[1])
+    with pytest.raises(UserError, match=r"mlp_only_layers=\[1\].*use strategy fsdp"):
+        load_bridge(str(model_dir), torch.float32, CPU_BUILD)
+
+
+def test_local_spec_names_map_to_the_transformer_engine_names_mbridge_knows():
+    assert transformer_engine_name("decoder.layers.3.input_layernorm.weight") == \
         "decoder.layers.3.self_attention.linear_qkv.layer_norm_weight"
-    assert fused_norm_name("decoder.layers.3.pre_mlp_layernorm.weight") == \
+    assert transformer_engine_name("decoder.layers.3.pre_mlp_layernorm.weight") == \
         "decoder.layers.3.mlp.linear_fc1.layer_norm_weight"
-    assert fused_norm_name("decoder.layers.3.mlp.linear_fc1.weight") == "decoder.layers.3.mlp.linear_fc1.weight"
+    assert transformer_engine_name("decoder.layers.3.mlp.linear_fc1.weight") == "decoder.layers.3.mlp.linear_fc1.weight"
+    # A MoE layer: the norm before its router keeps its name; each expert's is the grouped module's, indexed
+    # globally (this rank's first expert is expert 4 under expert parallelism).
+    assert transformer_engine_name("decoder.layers.3.pre_mlp_layernorm.weight", dense_mlp=False) == \
+        "decoder.layers.3.pre_mlp_layernorm.weight"
+    assert transformer_engine_name("decoder.layers.3.mlp.experts.local_experts.1.linear_fc2.weight",
+                                   first_expert=4) == "decoder.layers.3.mlp.experts.linear_fc2.weight5"
+    names = {"decoder.layers.0.pre_mlp_layernorm.weight": "decoder.layers.2.pre_mlp_layernorm.weight",
+             "decoder.layers.0.mlp.linear_fc1.weight": "decoder.layers.2.mlp.linear_fc1.weight",
+             "decoder.layers.1.pre_mlp_layernorm.weight": "decoder.layers.3.pre_mlp_layernorm.weight",
+             "decoder.layers.1.mlp.router.weight": "decoder.layers.3.mlp.router.weight"}
+    assert transformer_engine_names(names) == {**names,
+                                               "decoder.layers.0.pre_mlp_layernorm.weight":
+                                                   "decoder.layers.2.mlp.linear_fc1.layer_norm_weight"}
 
 
 def test_a_model_type_mbridge_does_not_know_is_named(one_rank, tmp_path):

@@ -25,20 +25,13 @@ from rl_helpers import (
     hf_weights,
     logged_training_steps,
     metrics_by_step,
+    NOT_REPRODUCIBLE,
     run_overrides,
+    STATEFUL_RUN,
     train,
     wait_for,
 )
 
-# Every piece of state a resume must restore: a critic, the adaptive KL coefficient, the
-# warmup schedule of both optimizers, shuffled mini-batches, the data order, validation.
-STATEFUL_RUN = ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive",
-                "algorithm.kl_ctrl.kl_coef=0.05", "algorithm.kl_ctrl.horizon=10",
-                "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.shuffle=True",
-                "critic.ppo_mini_batch_size=2", "critic.shuffle=True",
-                "actor_rollout_ref.actor.optim.lr_warmup_steps=3", "critic.optim.lr_warmup_steps=3",
-                "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.test_freq=2"]
-NOT_REPRODUCIBLE = ("timing_s/", "perf/throughput", "perf/actor/", "perf/critic/")  # times and memory
 VALIDATION_METRIC = f"val-core/{DATA_SOURCE}/acc"
 
 
