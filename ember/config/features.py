@@ -42,7 +42,7 @@ _A = "actor_rollout_ref"
 
 def _megatron_rows(role: str) -> list[Row]:
     """Megatron keys of a role whose code has not landed: initial weights from a Megatron checkpoint,
-    model-constructor overrides."""
+    model-constructor overrides, context parallelism."""
     def megatron(cfg):
         section = value_at(cfg, role)
         return section.megatron if section.strategy == "megatron" and section.megatron is not None else None
@@ -53,7 +53,11 @@ def _megatron_rows(role: str) -> list[Row]:
             (lambda cfg: megatron(cfg) is not None and bool(megatron(cfg).override_mcore_model_config),
              lambda cfg: f"{role}.megatron.override_mcore_model_config="
                          f"{sorted(megatron(cfg).override_mcore_model_config)} is not implemented yet; remove it "
-                         "(TransformerConfig fields go in override_transformer_config)")]
+                         "(TransformerConfig fields go in override_transformer_config)"),
+            (lambda cfg: megatron(cfg) is not None and megatron(cfg).context_parallel_size > 1,
+             lambda cfg: f"{role}.megatron.context_parallel_size={megatron(cfg).context_parallel_size} is not "
+                         "implemented yet (each rank would need its share of every sequence and its rotary positions); "
+                         "set it to 1 and scale with tensor or pipeline parallelism")]
 
 
 def _megatron_offload_rows(role: str) -> list[Row]:

@@ -20,6 +20,7 @@ import heapq
 import math
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
 from ember.data.batch import RESPONSE, SEQUENCE, Batch
@@ -120,4 +121,19 @@ def trim_columns(batch: Batch, prompt_start: int, response_length: int) -> Batch
             updates[item.name] = value[:, prompt_start:end]
         elif item.metadata["layout"] == RESPONSE:
             updates[item.name] = value[:, :response_length]
+    return batch.with_fields(**updates)
+
+
+def pad_prompt_columns(batch: Batch, multiple: int) -> Batch:
+    """`batch` with padding columns added before its (left-padded) prompts, so that its width is a
+    multiple of `multiple` (sequence parallelism splits the sequence evenly over tensor-parallel ranks).
+    Padding has attention mask 0, token 0 and position 0, as left padding has: outputs do not change."""
+    extra = -batch.input_ids.shape[1] % multiple
+    if extra == 0:
+        return batch
+    updates: dict[str, Tensor] = {}
+    for item in dataclasses.fields(batch):
+        value = getattr(batch, item.name)
+        if isinstance(value, Tensor) and item.metadata["layout"] == SEQUENCE:
+            updates[item.name] = torch.cat([value.new_zeros((value.shape[0], extra, *value.shape[2:])), value], dim=1)
     return batch.with_fields(**updates)

@@ -8,13 +8,14 @@ run's log-probs before and after the update, its loss and its gradient norm (the
   vocabulary-parallel reductions of `megatron/log_probs.py`. This run also saves the checkpoint of the last test.
 - TP = 2 with sequence parallel, under a token budget (`use_dynamic_bsz`): activations between the tensor-parallel
   regions sharded along the sequence, whose length is that of each micro-batch trimmed to the columns its samples
-  use: 12, 10, 9 and 9, so odd lengths too.
+  use: 12, 10, 9 and 9, so odd lengths too (the engine pads them to even). Without Transformer Engine the engine
+  turns sequence parallelism off with a warning, and this is a second TP = 2 run.
 - PP = 2: two decoder layers per stage; log-probs come from the last stage, and the tied embedding's gradient is
   summed over the first and the last stage.
 - PP = 2 with virtual pipeline 2: four model chunks of one layer each on the interleaved schedule.
 - DP = 2 (TP = PP = 1 on two ranks): each rank computes its half of the batch; megatron-core's gradient averaging
   must give the one-process update (the loss-scaling contract of `engines/base.py`).
-- CP = 2: skipped without Transformer Engine, whose attention the engine needs for context parallelism.
+- (CP > 1 is refused at load: the engine does not split sequences over context-parallel ranks yet.)
 - EP = 2 on a tiny Qwen2-MoE (4 experts, a gated shared expert), against its own one-GPU run: two experts per rank,
   tokens sent to them by megatron-core's all-to-all dispatcher; the dense layers are data-parallel (DP = 2). Every
   token goes to all 4 experts (weighted by the router's probabilities): with top 2 of 4, bf16 rounding flips a near
@@ -44,6 +45,7 @@ from transformers import AutoModelForCausalLM
 
 from ember.engines.base import MicroBatchSpec
 from ember.engines.batching import micro_batches
+from ember.engines.megatron.bridge import transformer_engine_available
 from ember.models.tiny import tiny_model_config
 
 pytest.importorskip("megatron.core")
@@ -122,19 +124,14 @@ def test_tensor_parallel_with_sequence_parallel_and_odd_lengths_matches_one_gpu(
     assert micro_batch_widths(TOKEN_BUDGET) == [12, 10, 9, 9]  # odd lengths, which two ranks cannot halve
     result = launch(model_dir, tmp_path / "result.pt", 2, "--tp", "2", "--sequence-parallel",
                     "--max-token-len", str(TOKEN_BUDGET))
-    assert result["sequence_parallel"]  # the engine kept it on
+    # without Transformer Engine the engine turns it off (the local spec's norm has no sequence-parallel form)
+    assert result["sequence_parallel"] == transformer_engine_available()
     assert_same_update(result, one_gpu)
 
 
 @pytest.mark.parametrize("layout", [["--pp", "2"], ["--pp", "2", "--vpp", "2"], []], ids=["pp2", "pp2_vpp2", "dp2"])
 def test_pipeline_and_data_parallel_layouts_match_one_gpu(model_dir, one_gpu, tmp_path, layout):
     assert_same_update(launch(model_dir, tmp_path / "result.pt", 2, *layout), one_gpu)
-
-
-def test_context_parallel_matches_one_gpu(model_dir, one_gpu, tmp_path):
-    pytest.importorskip("transformer_engine", reason="context parallelism needs Transformer Engine's attention "
-                                                     "(the engine's SDPA attention refuses context_parallel_size > 1)")
-    assert_same_update(launch(model_dir, tmp_path / "result.pt", 2, "--cp", "2"), one_gpu)
 
 
 def test_expert_parallel_matches_one_gpu(tmp_path):

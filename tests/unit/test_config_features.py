@@ -30,6 +30,8 @@ def test_defaults_need_nothing_unimplemented():
     ([f"{A}.hybrid_engine=false"], f"{A}.hybrid_engine=false (rollout workers apart from the actor's)"),
     ([f"{A}.actor.fsdp_config.fsdp_size=2", "trainer.n_gpus_per_node=4"], "fsdp_config.fsdp_size (hybrid sharding, HSDP)"),
     (["trainer.default_hdfs_dir=hdfs://x/ckpt"], "trainer.default_hdfs_dir=hdfs://x/ckpt (copying checkpoints to remote"),
+    ([f"{A}.actor.strategy=megatron", f"{A}.actor.megatron.context_parallel_size=2", "trainer.n_gpus_per_node=2",
+      f"{A}.rollout.name=ember"], f"{A}.actor.megatron.context_parallel_size=2 is not implemented yet"),
 ])
 def test_each_unimplemented_switch_is_named(overrides, message):
     cfg = load_config(overrides)

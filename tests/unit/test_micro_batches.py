@@ -10,6 +10,7 @@ from ember.engines.base import MicroBatchSpec
 from ember.engines.micro_batches import (
     balanced_partition,
     min_micro_batch_count,
+    pad_prompt_columns,
     plan_micro_batches,
     trim_columns,
     used_extents,
@@ -126,3 +127,28 @@ def test_trim_keeps_the_last_prompt_column_and_one_response_column():
     trimmed = trim_columns(batch, 9, 0)
     assert (trimmed.prompt_length, trimmed.response_length) == (1, 1)
     assert torch.equal(trimmed.input_ids, batch.input_ids[:, 4:6])
+
+
+@pytest.mark.parametrize("multiple", [1, 2, 4, 5])
+def test_padding_to_a_multiple_adds_masked_prompt_columns_and_changes_no_output(multiple):
+    """Sequence parallelism's even split: a tiny model's log-probs of the responses are those of the unpadded batch."""
+    from transformers import AutoModelForCausalLM
+
+    from ember.engines.log_probs import compute_response_log_probs
+    from ember.models.tiny import tiny_model_config
+
+    batch = padded_batch()
+    padded = pad_prompt_columns(batch, multiple)
+    width = batch.input_ids.shape[1]
+    assert padded.input_ids.shape[1] % multiple == 0 and padded.input_ids.shape[1] - width < multiple
+    assert torch.equal(padded.responses, batch.responses) and torch.equal(padded.response_mask, batch.response_mask)
+    assert padded.attention_mask.sum() == batch.attention_mask.sum()
+    assert torch.equal(padded.rollout_log_probs, batch.rollout_log_probs)
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(tiny_model_config("qwen2", vocab_size=32)).eval()
+
+    with torch.no_grad():
+        expected, got = compute_response_log_probs(model, batch), compute_response_log_probs(model, padded)
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(got[0][mask], expected[0][mask], atol=1e-5, rtol=0)

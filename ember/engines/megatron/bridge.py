@@ -169,6 +169,7 @@ def _ember_bridge_class(bridge_class: type, use_te: bool) -> type:
             super().__init__(*args, **kwargs)
 
         def _get_transformer_layer_spec(self, vp_stage=None):
+            self.has_vp_stage = True  # megatron-core >= 0.16 takes vp_stage; mbridge's own override sets this flag
             spec = get_gpt_decoder_block_spec(self.config, use_transformer_engine=use_te, vp_stage=vp_stage)
             if not use_te:
                 core_attention = sdpa_core_attention_class()

@@ -49,17 +49,19 @@ from ember.engines.base import LossContext, LossFn, MicroBatchSpec, ModelOutput,
 from ember.engines.batching import in_buckets, join_outputs, loss_context, micro_batches
 from ember.engines.fused_log_probs import fused_log_probs
 from ember.engines.log_probs import replaced_forward
-from ember.engines.megatron.bridge import build_model_chunks, hf_named_weights, load_bridge, unwrapped
+from ember.engines.megatron.bridge import (build_model_chunks, hf_named_weights, load_bridge,
+                                           transformer_engine_available, unwrapped)
 from ember.engines.megatron.checkpoint import checkpoint_problem, export_hf, load_checkpoint, save_checkpoint
 from ember.engines.megatron.injection import injecting
 from ember.engines.megatron.log_probs import vocab_parallel_log_probs
 from ember.engines.megatron.offload import MegatronOffload
 from ember.engines.megatron.options import (MegatronOptions, checked_overrides, dtypes_resolved, field_names,
-                                           import_megatron, resolved_for_megatron_core)
+                                           import_megatron, layout_settings, resolved_for_megatron_core)
 from ember.engines.megatron.parallel import initialize_layout
 from ember.engines.megatron.reconstructor import (check_layout, cut_model_overrides, freeze_unreached, predicting,
                                                   prediction_module)
 from ember.engines.megatron.value_head import attach_value_head
+from ember.engines.micro_batches import pad_prompt_columns
 from ember.engines.optim import lr_multiplier
 from ember.errors import UserError
 from ember.models.loading import resolve_dtype
@@ -92,7 +94,7 @@ class MegatronEngine(TrainEngine):
         overrides = dtypes_resolved(checked_overrides(options.override_transformer_config, TransformerConfig,
                                                       "megatron.override_transformer_config"),
                                     TransformerConfig, "megatron.override_transformer_config")
-        overrides = {"sequence_parallel": options.sequence_parallel and options.tensor_model_parallel_size > 1,
+        overrides = {**layout_settings(options, transformer_engine_available()),
                      **({"use_cpu_initialization": True} if device_type() == "cpu" else {}),
                      **overrides}
         hf_overrides = (cut_model_overrides(options.model_path, options.override_model_config, options.truncate_at_layer)
@@ -195,6 +197,8 @@ class MegatronEngine(TrainEngine):
             return output, partial(self._loss, micro, loss_fn, context, count, compute_entropy, temperature,
                                    entropy_grad, fused)
 
+        if self.config.sequence_parallel:  # each tensor-parallel rank holds an equal share of the sequence
+            micros = [pad_prompt_columns(micro, self.options.tensor_model_parallel_size) for micro in micros]
         width = max(len(micro) for micro in micros)
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=iter([micro.to(self.device) for micro in micros]),

@@ -159,6 +159,25 @@ def resolved_for_megatron_core(options: MegatronOptions, transformer_fields: set
                                override_ddp_config={**moved, **options.override_ddp_config})
 
 
+def layout_settings(options: MegatronOptions, transformer_engine: bool) -> dict[str, Any]:
+    """TransformerConfig fields the parallel layout implies, beneath the user's `override_transformer_config`:
+    - `sequence_parallel` as the role asks, at tensor-parallel size > 1 and only with Transformer Engine's
+      layer spec (the local spec's norm refuses it; sequence parallelism saves activation memory and
+      changes no result, so without Transformer Engine it is turned off with a warning);
+    - `variable_seq_lengths` at pipeline size > 1: micro-batches differ in width and sample count (token
+      budgets, trimmed padding, a short last one), so the stages exchange each one's shape first."""
+    tensor_parallel = options.tensor_model_parallel_size > 1
+    sequence_parallel = options.sequence_parallel and tensor_parallel
+    if sequence_parallel and not transformer_engine:
+        if first_rank():
+            logger.warning("%s: megatron.sequence_parallel=true is turned off: megatron-core's local layer spec (used "
+                           "without Transformer Engine) has no sequence-parallel norm; install transformer-engine to "
+                           "shard activations along the sequence, or set sequence_parallel: false", options.role)
+        sequence_parallel = False
+    return {"sequence_parallel": sequence_parallel,
+            **({"variable_seq_lengths": True} if options.pipeline_model_parallel_size > 1 else {})}
+
+
 def dtypes_resolved(overrides: dict[str, Any], config_class: type, key: str) -> dict[str, Any]:
     """`overrides` with each value of a torch.dtype field given as a name ("bfloat16", "bf16", "fp32", ...; YAML
     files such as NLA's Megatron recipe write `params_dtype: bfloat16`) turned into the dtype."""
