@@ -17,24 +17,37 @@ from torch import Tensor
 from ember.data.batch import Batch
 from ember.engines.base import LossContext, MicroBatchSpec, ModelOutput
 from ember.engines.micro_batches import min_micro_batch_count, plan_micro_batches, trim_columns, used_extents
+from ember.errors import UserError
 
 AllReduce = Callable[[Tensor, dist.ReduceOp], Tensor]
 
 
-def micro_batches(batch: Batch, spec: MicroBatchSpec, all_reduce: AllReduce) -> tuple[list[Batch], list[list[int]]]:
+def micro_batches(batch: Batch, spec: MicroBatchSpec, all_reduce: AllReduce,
+                  count_multiple: int = 1) -> tuple[list[Batch], list[list[int]]]:
     """The micro-batches of `batch` and the sample indices each holds: `batch.split` views for a
     fixed size (the same count checked on every rank); for a token budget, the planned groups
     (every rank planned with the largest count any rank needs), each trimmed of the padding
     columns none of its samples use. Fixed-size micro-batches keep the batch's width, so their
-    outputs stay bitwise those of the unsplit batch."""
+    outputs stay bitwise those of the unsplit batch. `count_multiple`: the count must be a multiple
+    of it (megatron-core's interleaved pipeline schedule: the pipeline size); a token budget's count
+    is rounded up to one, a fixed size that does not give one is refused."""
     if spec.size is not None:
         micros = batch.split(spec.size)
         _check_micro_batch_count(len(micros), all_reduce)
+        if len(micros) % count_multiple:
+            raise UserError(f"the interleaved pipeline schedule (virtual_pipeline_model_parallel_size) runs a multiple "
+                            f"of {count_multiple} micro-batches (the pipeline size), but {len(batch)} samples per "
+                            f"rank in micro-batches of {spec.size} make {len(micros)}: choose a micro-batch size that "
+                            f"gives a multiple of {count_multiple}, or use a token budget (use_dynamic_bsz)")
         return micros, [list(range(start, start + len(micro)))
                         for start, micro in zip(range(0, len(batch), spec.size), micros)]
     lengths = batch.attention_mask.sum(dim=1).tolist()
     local_count = torch.tensor([min_micro_batch_count(lengths, spec.max_token_len)], dtype=torch.int64)
-    count = int(all_reduce(local_count, dist.ReduceOp.MAX))
+    count = -(-int(all_reduce(local_count, dist.ReduceOp.MAX)) // count_multiple) * count_multiple
+    if count > len(batch):
+        raise UserError(f"the interleaved pipeline schedule (virtual_pipeline_model_parallel_size) runs a multiple "
+                        f"of {count_multiple} micro-batches (the pipeline size), {count} here, but a rank holds "
+                        f"{len(batch)} samples: give each rank at least {count} samples, or drop the virtual stages")
     groups = plan_micro_batches(lengths, spec.max_token_len, count)
     prompt_starts, response_lengths = used_extents(batch)
     micros = [trim_columns(batch.select(group), min(prompt_starts[i] for i in group),

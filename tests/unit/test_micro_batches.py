@@ -152,3 +152,21 @@ def test_padding_to_a_multiple_adds_masked_prompt_columns_and_changes_no_output(
         expected, got = compute_response_log_probs(model, batch), compute_response_log_probs(model, padded)
     mask = batch.response_mask.bool()
     torch.testing.assert_close(got[0][mask], expected[0][mask], atol=1e-5, rtol=0)
+
+
+def test_the_interleaved_schedules_multiple_rounds_a_budgets_count_up_and_refuses_a_fixed_size_that_misses_it():
+    from ember.engines.batching import micro_batches
+    from ember.errors import UserError
+
+    def one_rank(tensor, op):
+        return tensor
+
+    batch = padded_batch()  # 3 samples of 3, 4 and 5 tokens
+    micros, groups = micro_batches(batch, MicroBatchSpec(max_token_len=100), one_rank, count_multiple=2)
+    assert len(micros) == 2 and sorted(i for group in groups for i in group) == [0, 1, 2]  # one would do
+    assert len(micro_batches(batch, MicroBatchSpec(max_token_len=100), one_rank)[0]) == 1
+    with pytest.raises(UserError, match="runs a multiple of 4 micro-batches .* a rank holds 3 samples"):
+        micro_batches(batch, MicroBatchSpec(max_token_len=100), one_rank, count_multiple=4)
+    assert len(micro_batches(batch, MicroBatchSpec(size=1), one_rank, count_multiple=3)[0]) == 3
+    with pytest.raises(UserError, match="3 samples per rank in micro-batches of 2 make 2: choose a micro-batch size"):
+        micro_batches(batch, MicroBatchSpec(size=2), one_rank, count_multiple=3)

@@ -237,7 +237,8 @@ class MegatronEngine(TrainEngine):
 
     def forward(self, batch: Batch, micro_batch_size: int | MicroBatchSpec, *, compute_entropy: bool = False,
                 temperature: float = 1.0) -> ModelOutput:
-        micros, groups = micro_batches(batch, MicroBatchSpec.of(micro_batch_size), self._all_reduce)
+        micros, groups = micro_batches(batch, MicroBatchSpec.of(micro_batch_size), self._all_reduce,
+                                       self._micro_batch_multiple)
         for chunk in self.chunks:
             chunk.eval()
         with torch.no_grad():
@@ -250,7 +251,8 @@ class MegatronEngine(TrainEngine):
                          entropy_grad: bool = False) -> dict[str, float]:
         if self.optimizer is None:
             raise RuntimeError("this engine has role 'ref' and no optimizer; build it with role 'actor' to train")
-        micros, _ = micro_batches(batch, MicroBatchSpec.of(micro_batch_size), self._all_reduce)
+        micros, _ = micro_batches(batch, MicroBatchSpec.of(micro_batch_size), self._all_reduce,
+                                  self._micro_batch_multiple)
         context = loss_context(batch, self.dp_size, self._all_reduce)
         for chunk in self.chunks:
             chunk.train()
@@ -269,6 +271,12 @@ class MegatronEngine(TrainEngine):
         metrics = self._reduce_metrics(results, len(micros))
         metrics.update(grad_norm=grad_norm, lr=lr, skipped=float(skipped))
         return metrics
+
+    @property
+    def _micro_batch_multiple(self) -> int:
+        """What the micro-batch count must be a multiple of: the pipeline size under the interleaved schedule."""
+        options = self.options
+        return options.pipeline_model_parallel_size if options.virtual_pipeline_model_parallel_size else 1
 
     def _set_learning_rate(self) -> float:
         lr = self.options.optim.lr * lr_multiplier(self.optimizer_steps, self.options.optim)
