@@ -36,13 +36,10 @@ def megatron_engine(model_dir: str, role: str = "actor", **overrides) -> Megatro
                                           **overrides))
 
 
-def test_log_probs_and_one_update_match_the_fsdp_engine(tmp_path):
-    model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
-    batch = make_batch(samples=8)
+def assert_log_probs_and_one_update_match(fsdp: FSDPEngine, megatron: MegatronEngine, batch) -> torch.Tensor:
+    """Log-probs, entropy, one update's loss and grad norm, and the log-probs after it: the Megatron engine's
+    equal the FSDP2 engine's on the same weights (bf16 tolerance); returns the Megatron engine's new log-probs."""
     mask = batch.response_mask.bool()
-    fsdp = FSDPEngine(engine_options(model_dir, param_dtype="bfloat16", optim=GRADIENT_REVEALING_OPTIM))
-    megatron = megatron_engine(model_dir)
-
     expected = fsdp.forward(batch, micro_batch_size=4, compute_entropy=True)
     got = megatron.forward(batch, micro_batch_size=4, compute_entropy=True)
     torch.testing.assert_close(got.log_probs[mask], expected.log_probs[mask], atol=TOLERANCE, rtol=0)
@@ -57,6 +54,13 @@ def test_log_probs_and_one_update_match_the_fsdp_engine(tmp_path):
     after_megatron = megatron.forward(batch, micro_batch_size=4).log_probs
     assert (after_megatron[mask] - got.log_probs[mask]).abs().max() > 10 * TOLERANCE  # the update moved it
     torch.testing.assert_close(after_megatron[mask], after_fsdp[mask], atol=2 * TOLERANCE, rtol=0)
+    return after_megatron
+
+
+def test_log_probs_and_one_update_match_the_fsdp_engine(tmp_path):
+    model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
+    fsdp = FSDPEngine(engine_options(model_dir, param_dtype="bfloat16", optim=GRADIENT_REVEALING_OPTIM))
+    assert_log_probs_and_one_update_match(fsdp, megatron_engine(model_dir), make_batch(samples=8))
 
 
 def test_micro_batch_size_and_token_budget_give_the_same_update(tmp_path):

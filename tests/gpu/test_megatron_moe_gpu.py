@@ -44,6 +44,7 @@ pytestmark = pytest.mark.gpu
 from ember.engines.megatron.bridge import unwrapped  # noqa: E402
 from ember.engines.megatron.engine import MegatronEngine  # noqa: E402
 from ember.engines.megatron.options import MegatronOptions  # noqa: E402
+from gpu.test_megatron_engine_gpu import assert_log_probs_and_one_update_match  # noqa: E402
 
 TOLERANCE = 0.05  # bf16, as test_megatron_engine_gpu.py
 FP32_TOLERANCE = 1e-3
@@ -107,25 +108,10 @@ def assert_export_loads_with(engine: MegatronEngine, model_dir: str, out_dir: st
 def test_moe_log_probs_and_one_update_match_the_fsdp_engine_and_the_export_loads_in_transformers(tmp_path):
     model_dir = save_tiny_moe(tmp_path / "model")
     batch = make_batch(samples=8)
-    mask = batch.response_mask.bool()
     fsdp = FSDPEngine(engine_options(model_dir, param_dtype="bfloat16", optim=GRADIENT_REVEALING_OPTIM))
     megatron = megatron_engine(model_dir, "bfloat16")
     assert_router_aux_loss_off(fsdp, megatron)
-
-    expected = fsdp.forward(batch, micro_batch_size=4, compute_entropy=True)
-    got = megatron.forward(batch, micro_batch_size=4, compute_entropy=True)
-    torch.testing.assert_close(got.log_probs[mask], expected.log_probs[mask], atol=TOLERANCE, rtol=0)
-    torch.testing.assert_close(got.entropy[mask], expected.entropy[mask], atol=TOLERANCE, rtol=0)
-
-    fsdp_metrics = fsdp.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
-    megatron_metrics = megatron.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=2)
-    assert megatron_metrics["loss"] == pytest.approx(fsdp_metrics["loss"], abs=TOLERANCE)
-    assert megatron_metrics["grad_norm"] == pytest.approx(fsdp_metrics["grad_norm"], rel=0.05)
-    assert megatron_metrics["micro_tokens"] == pytest.approx(fsdp_metrics["micro_tokens"])
-    after_fsdp = fsdp.forward(batch, micro_batch_size=4).log_probs
-    after_megatron = megatron.forward(batch, micro_batch_size=4).log_probs
-    assert (after_megatron[mask] - got.log_probs[mask]).abs().max() > 10 * TOLERANCE  # the update moved it
-    torch.testing.assert_close(after_megatron[mask], after_fsdp[mask], atol=2 * TOLERANCE, rtol=0)
+    after_megatron = assert_log_probs_and_one_update_match(fsdp, megatron, batch)
 
     assert_export_loads_with(megatron, model_dir, str(tmp_path / "hf"), batch, after_megatron, torch.bfloat16,
                              TOLERANCE)
