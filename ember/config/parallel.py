@@ -34,3 +34,29 @@ def nearest_divisors(number: int, near: int, count: int = 3) -> list[int]:
     """The `count` divisors of `number` closest to `near`, ascending: the sizes a message suggests."""
     found = [candidate for candidate in range(1, number + 1) if number % candidate == 0]
     return sorted(sorted(found, key=lambda candidate: (abs(candidate - near), candidate))[:count])
+
+
+def megatron_size_errors(key: str, megatron: MegatronConfig, heads: int, kv_heads: int, layers: int,
+                         experts: int | None) -> list[str]:
+    """Each Megatron size of the section at `key` that the model's shape does not allow, with the sizes that
+    would: tensor parallelism splits attention heads and key-value heads, the pipeline (with its virtual
+    stages) splits decoder layers, expert parallelism splits the routed experts."""
+    errors = []
+    tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
+    for count, what in ((heads, "attention heads"), (kv_heads, "key-value heads (grouped-query attention)")):
+        if count % tp:
+            errors.append(f"{key}.tensor_model_parallel_size={tp} does not divide the model's {count} {what}; "
+                          f"sizes that do: {', '.join(map(str, nearest_divisors(count, tp)))}")
+    stages = pp * (megatron.virtual_pipeline_model_parallel_size or 1)
+    if layers % stages:
+        split = f"={pp}" + (f" × virtual_pipeline_model_parallel_size={megatron.virtual_pipeline_model_parallel_size}"
+                            if megatron.virtual_pipeline_model_parallel_size else "")
+        errors.append(f"{key}.pipeline_model_parallel_size{split} = {stages} stages do not divide the model's {layers} "
+                      f"decoder layers; stage counts that do: {', '.join(map(str, nearest_divisors(layers, stages)))}")
+    ep = megatron.expert_model_parallel_size
+    if experts and experts % ep:
+        errors.append(f"{key}.expert_model_parallel_size={ep} does not divide the model's {experts} experts; sizes "
+                      f"that do: {', '.join(map(str, nearest_divisors(experts, ep)))}")
+    elif not experts and ep > 1:
+        errors.append(f"{key}.expert_model_parallel_size={ep}: the model has no experts (not a MoE model); set it to 1")
+    return errors

@@ -16,6 +16,7 @@ from ember.config import ConfigError
 from ember.config.schema import EmberConfig
 from ember.data.prompt_loader import PromptLoader
 from ember.data.rl_dataset import RLDataset
+from ember.config.parallel import megatron_size_errors
 from ember.config.parallel import world_size as world_size_of
 from ember.config.placement import Placement, Pool, plan_placement
 from ember.distributed.ray_cluster import start_ray, write_timeline
@@ -105,6 +106,21 @@ def check_override_config(key: str, model_path: str, overrides: dict, trust_remo
                           "(e.g. attention_dropout, or output_router_logits for a MoE model)")
 
 
+def check_megatron_sizes(key: str, model_path: str | None, megatron, trust_remote_code: bool = False) -> None:
+    """The Megatron sizes of the section at `key` against the model's heads, layers and experts (a size
+    megatron-core cannot split the model by stops the run now, naming the sizes that would)."""
+    if megatron is None or model_path is None or not os.path.isdir(model_path):
+        return
+    config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    heads = config.num_attention_heads
+    experts = next((getattr(config, name) for name in ("num_experts", "num_local_experts", "n_routed_experts")
+                    if getattr(config, name, None)), None)
+    errors = megatron_size_errors(key, megatron, heads, getattr(config, "num_key_value_heads", None) or heads,
+                                  config.num_hidden_layers, experts)
+    if errors:
+        raise ConfigError(errors[0] if len(errors) == 1 else "\n  - ".join(["invalid Megatron sizes:", *errors]))
+
+
 def check_data_files(key: str, files: str | list[str] | None) -> None:
     """Each file a data key names (one path or a list; None names none) must exist."""
     for path in [files] if isinstance(files, str) else files or []:
@@ -147,6 +163,12 @@ def check_input_paths(cfg: EmberConfig) -> None:
     if uses_critic(cfg) and cfg.critic.model.path is not None:
         check_override_config("critic.model", cfg.critic.model.path, cfg.critic.model.override_config,
                               cfg.critic.model.trust_remote_code)
+    for key, section in {"actor_rollout_ref.actor": arr.actor, "actor_rollout_ref.ref": arr.ref}.items():
+        if section.strategy == "megatron" and (key.endswith("actor") or uses_reference(cfg)):
+            check_megatron_sizes(f"{key}.megatron", arr.model.path, section.megatron, arr.model.trust_remote_code)
+    if uses_critic(cfg) and cfg.critic.strategy == "megatron":
+        check_megatron_sizes("critic.megatron", cfg.critic.model.path, cfg.critic.megatron,
+                             cfg.critic.model.trust_remote_code)
     for key, path in {"actor_rollout_ref.model.tokenizer_path": arr.model.tokenizer_path,
                       "data.tokenizer": cfg.data.tokenizer}.items():
         if path is not None:

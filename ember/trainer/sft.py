@@ -44,7 +44,7 @@ from ember.trainer.loggers import MetricLogger
 from ember.trainer.plot import plot_curves
 from ember.trainer.resume import resume_from_checkpoint
 from ember.trainer.rank_setup import build_engine, megatron_section, use_configured_device
-from ember.trainer.rl_setup import check_data_files, check_model_path, check_output_dir
+from ember.trainer.rl_setup import check_data_files, check_megatron_sizes, check_model_path, check_output_dir
 from ember.trainer.run_state import save_run_state
 from ember.trainer.sft_step import sft_eval_sums, sft_update
 
@@ -276,6 +276,8 @@ def check_sft_config(cfg: SFTConfig) -> None:
     check_model_path("model.partial_pretrain", cfg.model.partial_pretrain)
     if cfg.model.tokenizer_path is not None:
         check_model_path("model.tokenizer_path", cfg.model.tokenizer_path, tokenizer_only=True)
+    if cfg.model.strategy == "megatron":
+        check_megatron_sizes("model.megatron", cfg.model.partial_pretrain, cfg.model.megatron, cfg.model.trust_remote_code)
     if cfg.data.train_files is None:
         raise ConfigError("data.train_files is not set; give parquet file(s) of training examples")
     check_data_files("data.train_files", cfg.data.train_files)

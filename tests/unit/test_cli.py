@@ -188,6 +188,16 @@ TRAIN_ERRORS = {
     "reward_function_not_in_its_file": (["custom_reward_function.path={reward}", "custom_reward_function.name=nope"],
                                         "no function 'nope' in {reward} (functions defined there: ['helper', 'score'])"),
     "required_section_removed": (["~actor_rollout_ref.actor"], "cannot remove actor_rollout_ref.actor: every run needs"),
+    "megatron_sizes_the_model_cannot_split": (
+        ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.rollout.name=ember", "trainer.n_gpus_per_node=8",
+         "data.train_batch_size=8", "actor_rollout_ref.actor.ppo_mini_batch_size=8", "critic.ppo_mini_batch_size=8",
+         "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
+         "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+         "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size=2"],
+        "invalid Megatron sizes:\n  - actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4 does not divide "
+        "the model's 2 key-value heads (grouped-query attention); sizes that do: 1, 2\n  - actor_rollout_ref.actor."
+        "megatron.pipeline_model_parallel_size=2 × virtual_pipeline_model_parallel_size=2 = 4 stages do not divide the "
+        "model's 2 decoder layers; stage counts that do: 1, 2"),
 }
 
 
