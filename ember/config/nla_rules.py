@@ -82,16 +82,17 @@ def megatron_critic_pipeline_error(cfg: NLATrainConfig) -> str | None:
 
 
 def megatron_reconstructor_layout_error(pipeline_size: int, context_size: int, recompute_granularity: str | None,
-                                        reads_final_norm: bool) -> str | None:
+                                        reads_final_norm: bool | None) -> str | None:
     """What the reconstructor on strategy megatron does not run (`engines/megatron/reconstructor.py`), checked at
-    load and again when the engine is built."""
+    load and again when the engine is built. `reads_final_norm` None: not known yet (at load, a layer given by
+    number may be the last), so full recompute is left to the engine's check."""
     if pipeline_size > 1:
         return (f"critic.megatron.pipeline_model_parallel_size={pipeline_size}: NLA's reconstructor on strategy "
                 "megatron runs on one pipeline stage; set it to 1 (use tensor parallelism instead)")
     if context_size > 1:
         return (f"critic.megatron.context_parallel_size={context_size}: NLA's reconstructor reads each sample's last "
                 "token, which context parallelism leaves on one rank; set it to 1")
-    if recompute_granularity == "full" and not reads_final_norm:
+    if recompute_granularity == "full" and reads_final_norm is False:
         return ("critic.megatron.override_transformer_config.recompute_granularity=full recomputes whole decoder "
                 "layers, so an inner layer's output (critic.output_layer_index) carries no gradient: use "
                 "recompute_granularity=selective, or read the last layer (output_layer_index=-1)")
@@ -108,7 +109,8 @@ def nla_train_errors(cfg: NLATrainConfig) -> list[str]:
                                  "critic.output_layer_index", critic.output_layer_index)
     if critic.strategy == "megatron":
         megatron = critic.megatron
-        reads_final_norm = critic.output_layer_index in (None, -1) and critic.model.truncate_at_layer is None
+        reads_final_norm = (False if critic.model.truncate_at_layer is not None
+                            else True if critic.output_layer_index in (None, -1) else None)
         layout = megatron_reconstructor_layout_error(
             megatron.pipeline_model_parallel_size, megatron.context_parallel_size,
             (megatron.override_transformer_config or {}).get("recompute_granularity"), reads_final_norm)

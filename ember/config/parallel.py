@@ -36,11 +36,17 @@ def nearest_divisors(number: int, near: int, count: int = 3) -> list[int]:
     return sorted(sorted(found, key=lambda candidate: (abs(candidate - near), candidate))[:count])
 
 
+UNEVEN_PIPELINE_FIELDS = {"num_layers_in_first_pipeline_stage", "num_layers_in_last_pipeline_stage",
+                          "pipeline_model_parallel_layout"}
+"""TransformerConfig fields that give pipeline stages unequal layer counts (megatron-core checks those itself)."""
+
+
 def megatron_size_errors(key: str, megatron: MegatronConfig, heads: int, kv_heads: int, layers: int,
                          experts: int | None) -> list[str]:
     """Each Megatron size of the section at `key` that the model's shape does not allow, with the sizes that
     would: tensor parallelism splits attention heads and key-value heads, the pipeline (with its virtual
-    stages) splits decoder layers, expert parallelism splits the routed experts."""
+    stages) splits decoder layers evenly unless `override_transformer_config` sets uneven stages, expert
+    parallelism splits the routed experts."""
     errors = []
     tp, pp = megatron.tensor_model_parallel_size, megatron.pipeline_model_parallel_size
     for count, what in ((heads, "attention heads"), (kv_heads, "key-value heads (grouped-query attention)")):
@@ -48,7 +54,8 @@ def megatron_size_errors(key: str, megatron: MegatronConfig, heads: int, kv_head
             errors.append(f"{key}.tensor_model_parallel_size={tp} does not divide the model's {count} {what}; "
                           f"sizes that do: {', '.join(map(str, nearest_divisors(count, tp)))}")
     stages = pp * (megatron.virtual_pipeline_model_parallel_size or 1)
-    if layers % stages:
+    uneven = set(megatron.override_transformer_config or {}) & UNEVEN_PIPELINE_FIELDS
+    if layers % stages and not uneven:
         split = f"={pp}" + (f" × virtual_pipeline_model_parallel_size={megatron.virtual_pipeline_model_parallel_size}"
                             if megatron.virtual_pipeline_model_parallel_size else "")
         errors.append(f"{key}.pipeline_model_parallel_size{split} = {stages} stages do not divide the model's {layers} "

@@ -24,6 +24,7 @@ from ember.config import config_to_yaml
 from ember.config.schema import EmberConfig
 from ember.distributed.device import rank
 from ember.distributed.worker_group import WorkerError
+from ember.errors import UserError
 from ember.rollout import SamplingParams
 from ember.trainer.balance import balance_batch
 from ember.trainer.checkpoint import HF_CHECKPOINT_DIR, CheckpointManager
@@ -95,9 +96,10 @@ class RLTrainer:
                 self.step += 1
                 try:
                     metrics = self.train_step(prompts)
-                except WorkerError as error:  # the worker's rank, role and traceback, and the step
-                    raise WorkerError(f"step {self.step}: {error}\nThe last checkpoint stays loadable: rerun "
-                                      "with trainer.resume_mode=auto to go on from it") from None
+                except (WorkerError, UserError) as error:  # the worker's rank, role (and traceback), and the step
+                    kind = WorkerError if isinstance(error, WorkerError) else UserError
+                    raise kind(f"step {self.step}: {error}\nThe last checkpoint stays loadable: rerun with "
+                               "trainer.resume_mode=auto to go on from it") from None
                 last = self.step >= parts.total_steps
                 if parts.val_dataset is not None and (last or _every(cfg.trainer.test_freq, self.step)):
                     metrics.update(self.validate())

@@ -112,6 +112,9 @@ def check_megatron_sizes(key: str, model_path: str | None, megatron, trust_remot
     if megatron is None or model_path is None or not os.path.isdir(model_path):
         return
     config = AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code)
+    overrides = megatron.override_model_config or {}
+    for name, value in dict(overrides.get("model_config", overrides) or {}).items():  # what the engine builds from
+        setattr(config, name, value)
     heads = config.num_attention_heads
     experts = next((getattr(config, name) for name in ("num_experts", "num_local_experts", "n_routed_experts")
                     if getattr(config, name, None)), None)

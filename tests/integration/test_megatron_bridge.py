@@ -130,32 +130,43 @@ def test_an_unknown_transformer_config_field_is_named_with_close_names():
 
 def test_ddp_fields_and_dtype_names_in_override_transformer_config_reach_megatron_core_as_it_takes_them(caplog):
     """NLA's Megatron recipe writes DDP fields, `params_dtype: bfloat16` and a layer count beside selective
-    recompute under override_transformer_config; each reaches megatron-core where it acts."""
+    recompute under override_transformer_config; each reaches megatron-core where it acts, and DDP settings
+    ember cannot honour stop the run."""
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.transformer import TransformerConfig
 
     from ember.engines.megatron.options import dtypes_resolved, field_names, resolved_for_megatron_core
 
+    def resolve(transformer=None, ddp=None, **options):
+        return resolved_for_megatron_core(
+            MegatronOptions(model_path="unused", override_transformer_config=transformer or {},
+                            override_ddp_config=ddp or {}, **options),
+            field_names(TransformerConfig), field_names(DistributedDataParallelConfig))
+
     given = {"bf16": True, "params_dtype": "bfloat16", "pipeline_dtype": "bf16", "recompute_granularity": "selective",
              "recompute_method": "block", "recompute_num_layers": 1, "use_distributed_optimizer": True,
-             "overlap_grad_reduce": False, "overlap_param_gather": True}
-    options = MegatronOptions(model_path="unused", override_transformer_config=given,
-                              override_ddp_config={"overlap_param_gather": False})
+             "overlap_grad_reduce": False, "overlap_param_gather": False}
     with caplog.at_level("WARNING"):
-        resolved = resolved_for_megatron_core(options, field_names(TransformerConfig),
-                                              field_names(DistributedDataParallelConfig))
+        resolved = resolve(given, {"overlap_param_gather": False, "bucket_size": 1 << 20})
     assert "recompute_num_layers=1 is dropped" in caplog.text
-    assert resolved.override_ddp_config == {"overlap_grad_reduce": False, "overlap_param_gather": False}  # its own win
+    assert resolved.override_ddp_config == {"overlap_grad_reduce": False, "overlap_param_gather": False,
+                                            "bucket_size": 1 << 20}  # the optimizer switch stays the role's
     transformer = dtypes_resolved(checked_overrides(resolved.override_transformer_config, TransformerConfig, "key"),
                                   TransformerConfig, "key")
     assert transformer == {"bf16": True, "params_dtype": torch.bfloat16, "pipeline_dtype": torch.bfloat16,
                            "recompute_granularity": "selective", "recompute_method": "block"}
     TransformerConfig(num_layers=2, hidden_size=8, num_attention_heads=2, **transformer)  # megatron-core takes it
-    with pytest.raises(UserError, match="use_distributed_optimizer=False contradicts megatron.use_distributed_optimizer"
-                                        "=True"):
-        resolved_for_megatron_core(MegatronOptions(model_path="unused",
-                                                   override_transformer_config={"use_distributed_optimizer": False}),
-                                   field_names(TransformerConfig), field_names(DistributedDataParallelConfig))
+
+    with pytest.raises(UserError, match="use_distributed_optimizer=False in megatron's override_transformer_config "
+                                        "or override_ddp_config contradicts megatron.use_distributed_optimizer=True"):
+        resolve({"use_distributed_optimizer": False})
+    with pytest.raises(UserError, match="contradicts megatron.use_distributed_optimizer=False"):
+        resolve(ddp={"use_distributed_optimizer": True}, use_distributed_optimizer=False)
+    with pytest.raises(UserError, match="override_transformer_config.overlap_grad_reduce=True contradicts "
+                                        "megatron.override_ddp_config.overlap_grad_reduce=False; give it once"):
+        resolve({"overlap_grad_reduce": True}, {"overlap_grad_reduce": False})
+    with pytest.raises(UserError, match="overlap_param_gather=true defers the parameters' all-gather"):
+        resolve({"overlap_param_gather": True})
     with pytest.raises(UserError, match="key.params_dtype: unknown dtype 'bfloat61'"):
         dtypes_resolved({"params_dtype": "bfloat61"}, TransformerConfig, "key")
 

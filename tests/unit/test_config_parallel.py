@@ -30,3 +30,10 @@ def test_expert_parallelism_on_a_dense_model_is_refused():
                                   layers=2, experts=None)
     assert errors == ["model.megatron.expert_model_parallel_size=2: the model has no experts (not a MoE model); set "
                       "it to 1"]
+
+
+def test_uneven_pipeline_stages_are_left_to_megatron_core():
+    megatron = MegatronConfig(pipeline_model_parallel_size=3,
+                              override_transformer_config={"num_layers_in_first_pipeline_stage": 10,
+                                                           "num_layers_in_last_pipeline_stage": 10})
+    assert megatron_size_errors("actor.megatron", megatron, heads=4, kv_heads=2, layers=28, experts=None) == []

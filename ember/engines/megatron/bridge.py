@@ -143,6 +143,13 @@ def load_bridge(model_path: str, dtype: torch.dtype, transformer_overrides: dict
     bridge = _ember_bridge_class(_MODEL_REGISTRY[hf_config.model_type], use_te)(hf_config, dtype=dtype)
     moe = bool(bridge.config.num_moe_experts)
     bridge.set_extra_args(**{**ember_settings(hf_config, moe, use_te), **transformer_overrides})
+    if moe and bridge.mpu.tp_size > 1 and not transformer_overrides.get("sequence_parallel"):
+        # megatron-core's MoE layer refuses to train split over tensor-parallel ranks without it (at the first update)
+        raise UserError(f"megatron: a MoE model at tensor_model_parallel_size={bridge.mpu.tp_size} needs sequence "
+                        "parallelism (megatron-core's MoE layer), which "
+                        + ("sequence_parallel: false turns off; set it to true" if use_te else
+                           "needs Transformer Engine; install transformer-engine") +
+                        ", or set tensor_model_parallel_size: 1 (and scale with expert parallelism)")
     if not use_te and moe and bridge.mpu.etp_size != bridge.mpu.tp_size:
         # mbridge sends expert weights over the expert-tensor-parallel group only under their
         # Transformer Engine names; the local spec's go over the tensor-parallel group.

@@ -86,9 +86,6 @@ class MegatronEngine(TrainEngine):
         self.is_critic = options.role == "critic"
         self.is_reconstructor = options.role == "reconstructor"
         self.device = current_device()
-        if device_type() == "cpu" and options.trains:
-            raise UserError(f"strategy megatron trains on GPUs only (megatron-core's DistributedDataParallel keeps its "
-                            f"buffers on CUDA), and the {options.role} runs on a CPU here: use strategy fsdp2 on a CPU")
         initialize_layout(options.layout, options.seed)
         self.dtype = resolve_dtype(options.param_dtype)
         overrides = dtypes_resolved(checked_overrides(options.override_transformer_config, TransformerConfig,
@@ -113,6 +110,9 @@ class MegatronEngine(TrainEngine):
             chunk.output_layer.to(self.device)
         if self.is_reconstructor:
             self.prediction_module = self._prepare_reconstructor(chunks)
+        if device_type() == "cpu" and options.trains:  # the model builds and loads on a CPU; DDP does not
+            raise UserError(f"strategy megatron trains on GPUs only (megatron-core's DistributedDataParallel keeps its "
+                            f"buffers on CUDA), and the {options.role} runs on a CPU here: use strategy fsdp2 on a CPU")
         self.chunks = self._wrap(chunks)
         self.dp_size = mpu.get_data_parallel_world_size()
         self.dp_rank = mpu.get_data_parallel_rank()
@@ -200,8 +200,11 @@ class MegatronEngine(TrainEngine):
         if self.config.sequence_parallel:  # each tensor-parallel rank holds an equal share of the sequence
             micros = [pad_prompt_columns(micro, self.options.tensor_model_parallel_size) for micro in micros]
         width = max(len(micro) for micro in micros)
+        on_device = [micro.to(self.device) for micro in micros]
+        # The interleaved schedule (virtual stages) takes one iterator per model chunk, each over every micro-batch.
+        data = [iter(on_device) for _ in self.chunks] if len(self.chunks) > 1 else iter(on_device)
         return get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter([micro.to(self.device) for micro in micros]),
+            forward_step_func=forward_step, data_iterator=data,
             model=self.chunks if len(self.chunks) > 1 else self.chunks[0], num_microbatches=count,
             seq_length=max(micro.input_ids.shape[1] for micro in micros), micro_batch_size=width,
             forward_only=forward_only)

@@ -133,21 +133,35 @@ def checked_overrides(overrides: dict[str, Any], config_class: type, key: str) -
 def resolved_for_megatron_core(options: MegatronOptions, transformer_fields: set[str], ddp_fields: set[str],
                                ) -> MegatronOptions:
     """`options` with two spellings run files carry (NLA's Megatron recipe has both) put the way megatron-core
-    takes them:
+    takes them, and DDP settings ember cannot honour refused:
     - `override_transformer_config` names that are DistributedDataParallelConfig fields and not
       TransformerConfig ones (`overlap_grad_reduce`, `overlap_param_gather`, `use_distributed_optimizer`) move
-      to `override_ddp_config` (its own entries win) and, for `use_distributed_optimizer`, the role's switch; a
-      value contradicting `megatron.use_distributed_optimizer` stops the run naming both.
+      to `override_ddp_config`; a field given in both with different values stops the run naming both.
+    - `use_distributed_optimizer`, in either spelling, must agree with the role's `megatron.use_distributed_optimizer`
+      (the optimizer is built from that switch; a DDP config that disagreed would reduce-scatter gradients a
+      whole-model optimizer then steps on).
+    - `overlap_param_gather: true` is refused: it defers the parameters' all-gather to the next forward, and
+      ember reads the parameters right after the optimizer step (weight sync, save, export).
     - `recompute_num_layers` beside `recompute_granularity: selective` is dropped with a warning: selective
       recompute covers every layer and megatron-core refuses the pair."""
     transformer = dict(options.override_transformer_config)
     moved = {name: transformer.pop(name) for name in list(transformer)
              if name in ddp_fields and name not in transformer_fields}
-    distributed = moved.pop("use_distributed_optimizer", options.use_distributed_optimizer)
+    given = dict(options.override_ddp_config)
+    for name in sorted(set(moved) & set(given)):
+        if moved[name] != given[name]:
+            raise UserError(f"megatron.override_transformer_config.{name}={moved[name]} contradicts "
+                            f"megatron.override_ddp_config.{name}={given[name]}; give it once")
+    ddp = {**moved, **given}
+    distributed = ddp.pop("use_distributed_optimizer", options.use_distributed_optimizer)
     if bool(distributed) != options.use_distributed_optimizer:
-        raise UserError(f"megatron.override_transformer_config.use_distributed_optimizer={distributed} contradicts "
-                        f"megatron.use_distributed_optimizer={options.use_distributed_optimizer}; give it once, as "
-                        "megatron.use_distributed_optimizer")
+        raise UserError(f"use_distributed_optimizer={distributed} in megatron's override_transformer_config or "
+                        f"override_ddp_config contradicts megatron.use_distributed_optimizer="
+                        f"{options.use_distributed_optimizer}; give it once, as megatron.use_distributed_optimizer")
+    if ddp.get("overlap_param_gather"):
+        raise UserError("megatron overlap_param_gather=true defers the parameters' all-gather to the next forward, but "
+                        "ember reads them right after each optimizer step (weight sync to the rollout, checkpoints, "
+                        "export); set it to false")
     if transformer.get("recompute_granularity") == "selective" and transformer.get("recompute_num_layers") is not None:
         if first_rank():
             logger.warning("%s: megatron.override_transformer_config.recompute_num_layers=%s is dropped: "
@@ -155,8 +169,7 @@ def resolved_for_megatron_core(options: MegatronOptions, transformer_fields: set
                            "a layer count with it; remove the key (or use recompute_granularity=full)", options.role,
                            transformer["recompute_num_layers"])
         transformer.pop("recompute_num_layers")
-    return dataclasses.replace(options, override_transformer_config=transformer,
-                               override_ddp_config={**moved, **options.override_ddp_config})
+    return dataclasses.replace(options, override_transformer_config=transformer, override_ddp_config=ddp)
 
 
 def layout_settings(options: MegatronOptions, transformer_engine: bool) -> dict[str, Any]:
