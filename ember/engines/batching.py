@@ -29,30 +29,37 @@ def micro_batches(batch: Batch, spec: MicroBatchSpec, all_reduce: AllReduce,
     (every rank planned with the largest count any rank needs), each trimmed of the padding
     columns none of its samples use. Fixed-size micro-batches keep the batch's width, so their
     outputs stay bitwise those of the unsplit batch. `count_multiple`: the count must be a multiple
-    of it (megatron-core's interleaved pipeline schedule: the pipeline size); a token budget's count
-    is rounded up to one, a fixed size that does not give one is refused."""
+    of it (megatron-core's interleaved pipeline schedule: the pipeline size), so it is rounded up to one:
+    more, smaller micro-batches (for a fixed size, consecutive groups whose sizes differ by at most one)."""
     if spec.size is not None:
         micros = batch.split(spec.size)
         _check_micro_batch_count(len(micros), all_reduce)
-        if len(micros) % count_multiple:
-            raise UserError(f"the interleaved pipeline schedule (virtual_pipeline_model_parallel_size) runs a multiple "
-                            f"of {count_multiple} micro-batches (the pipeline size), but {len(batch)} samples per "
-                            f"rank in micro-batches of {spec.size} make {len(micros)}: choose a micro-batch size that "
-                            f"gives a multiple of {count_multiple}, or use a token budget (use_dynamic_bsz)")
-        return micros, [list(range(start, start + len(micro)))
-                        for start, micro in zip(range(0, len(batch), spec.size), micros)]
+        count = _rounded_count(len(micros), count_multiple, len(batch))
+        if count == len(micros):
+            return micros, [list(range(start, start + len(micro)))
+                            for start, micro in zip(range(0, len(batch), spec.size), micros)]
+        bounds = [len(batch) * index // count for index in range(count + 1)]  # consecutive, sizes within one
+        groups = [list(range(start, end)) for start, end in zip(bounds, bounds[1:])]
+        return [batch.select(group) for group in groups], groups
     lengths = batch.attention_mask.sum(dim=1).tolist()
     local_count = torch.tensor([min_micro_batch_count(lengths, spec.max_token_len)], dtype=torch.int64)
-    count = -(-int(all_reduce(local_count, dist.ReduceOp.MAX)) // count_multiple) * count_multiple
-    if count > len(batch):
-        raise UserError(f"the interleaved pipeline schedule (virtual_pipeline_model_parallel_size) runs a multiple "
-                        f"of {count_multiple} micro-batches (the pipeline size), {count} here, but a rank holds "
-                        f"{len(batch)} samples: give each rank at least {count} samples, or drop the virtual stages")
+    count = _rounded_count(int(all_reduce(local_count, dist.ReduceOp.MAX)), count_multiple, len(batch))
     groups = plan_micro_batches(lengths, spec.max_token_len, count)
     prompt_starts, response_lengths = used_extents(batch)
     micros = [trim_columns(batch.select(group), min(prompt_starts[i] for i in group),
                            max(response_lengths[i] for i in group)) for group in groups]
     return micros, groups
+
+
+def _rounded_count(count: int, multiple: int, samples: int) -> int:
+    """`count` micro-batches rounded up to a multiple of `multiple` (smaller micro-batches: the loss-scaling
+    contract keeps the update the same); a UserError when the rank's `samples` cannot fill that many."""
+    rounded = -(-count // multiple) * multiple
+    if rounded > samples:
+        raise UserError(f"the interleaved pipeline schedule (virtual_pipeline_model_parallel_size) runs a multiple "
+                        f"of {multiple} micro-batches (the pipeline size), {rounded} here, but a rank holds "
+                        f"{samples} samples: give each rank at least {rounded} samples, or drop the virtual stages")
+    return rounded
 
 
 def _check_micro_batch_count(count: int, all_reduce: AllReduce) -> None:

@@ -154,7 +154,7 @@ def test_padding_to_a_multiple_adds_masked_prompt_columns_and_changes_no_output(
     torch.testing.assert_close(got[0][mask], expected[0][mask], atol=1e-5, rtol=0)
 
 
-def test_the_interleaved_schedules_multiple_rounds_a_budgets_count_up_and_refuses_a_fixed_size_that_misses_it():
+def test_the_interleaved_schedules_multiple_rounds_the_count_up_and_refuses_what_the_samples_cannot_fill():
     from ember.engines.batching import micro_batches
     from ember.errors import UserError
 
@@ -168,5 +168,8 @@ def test_the_interleaved_schedules_multiple_rounds_a_budgets_count_up_and_refuse
     with pytest.raises(UserError, match="runs a multiple of 4 micro-batches .* a rank holds 3 samples"):
         micro_batches(batch, MicroBatchSpec(max_token_len=100), one_rank, count_multiple=4)
     assert len(micro_batches(batch, MicroBatchSpec(size=1), one_rank, count_multiple=3)[0]) == 3
-    with pytest.raises(UserError, match="3 samples per rank in micro-batches of 2 make 2: choose a micro-batch size"):
-        micro_batches(batch, MicroBatchSpec(size=2), one_rank, count_multiple=3)
+    micros, groups = micro_batches(batch, MicroBatchSpec(size=2), one_rank, count_multiple=3)  # [2, 1] -> 3 of one
+    assert groups == [[0], [1], [2]] and [len(micro) for micro in micros] == [1, 1, 1]
+    assert torch.equal(micros[1].input_ids, batch.input_ids[1:2])  # the batch's width kept, as for a fixed size
+    with pytest.raises(UserError, match="runs a multiple of 4 micro-batches .* a rank holds 3 samples"):
+        micro_batches(batch, MicroBatchSpec(size=2), one_rank, count_multiple=4)
