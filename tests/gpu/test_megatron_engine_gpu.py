@@ -178,9 +178,8 @@ def test_a_ppo_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tm
     resumed, logs exactly what the uninterrupted run logs. Two uninterrupted runs on one H100 log bitwise-equal
     metrics (measured, both strategies), so any difference is the resume's.
     KNOWN TO FAIL for megatron (2026-11-25, H100; fsdp2 not run yet): step 3 after the resume has the same rewards
-    but other losses
-    (actor/pg_loss 2.27e-4 against 9.84e-5, critic/vf_loss 0.05084 against 0.05114), and the runs part
-    at step 4; test_a_checkpoint_after_several_updates_resumes_the_same_next_update says which role."""
+    but other losses (actor/pg_loss 2.27e-4 against 9.84e-5, critic/vf_loss 0.05084 against 0.05114), and the runs
+    part at step 4; test_a_checkpoint_after_several_updates_resumes_the_same_next_update says which role."""
     import signal
 
     from integration.rl_helpers import (HANG_ENV, NOT_REPRODUCIBLE, STATEFUL_RUN, ember_train_process,
