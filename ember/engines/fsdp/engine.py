@@ -36,7 +36,8 @@ from ember.engines.batching import in_buckets, join_outputs, loss_context, micro
 from ember.engines.expert_load import ExpertLoad, load_metrics
 from ember.engines.fsdp.checkpoint import checkpoint_problem, export_hf_model, load_checkpoint, save_checkpoint
 from ember.engines.fsdp.model_init import build_sharded_model
-from ember.engines.fsdp.offload import CPU, HostCopies, move_optimizer_state, move_parameters
+from ember.engines.fsdp.offload import CPU, move_optimizer_state, move_parameters
+from ember.engines.host_copies import HostCopies
 from ember.engines.injection import injecting
 from ember.engines.log_probs import compute_response_log_probs
 from ember.engines.optim import OptimOptions, build_lr_scheduler, build_optimizer

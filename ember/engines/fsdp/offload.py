@@ -6,11 +6,10 @@ back before its next use. Only sharded state moves (each rank moves its 1/N), an
 is only legal between steps: gradients must have been cleared (the engine zeroes them with
 `set_to_none` after every optimizer step).
 
-Offloaded tensors land in `HostCopies`: one pinned CPU buffer per tensor, made on the first
-offload and rewritten on every later one. A copy from pageable memory is staged through a
-driver buffer and waits for the device at every call; pinning is slow too (seconds for a
-few gigabytes), so it happens once. Copies both ways are then asynchronous at the bus's
-speed; offloading ends with one wait for them, so the CPU copies are complete when it returns.
+Offloaded tensors land in `HostCopies` (`engines/host_copies.py`, shared with the Megatron
+engine's offload): one pinned CPU buffer per tensor, kept between offloads. Copies both ways
+are asynchronous; offloading ends with one wait for them, so the CPU copies are complete
+when it returns.
 """
 
 from __future__ import annotations
@@ -19,37 +18,10 @@ from itertools import chain
 
 import torch
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
 from torch.optim import Optimizer
 
 from ember.distributed.device import empty_cache, synchronize
-
-CPU = torch.device("cpu")
-
-
-class HostCopies:
-    """Pinned CPU buffers that offloaded tensors are copied into, one per key, kept between offloads
-    (plain CPU copies where CUDA is absent: there is no pinned memory to use)."""
-
-    def __init__(self) -> None:
-        self.pinned = torch.cuda.is_available()
-        self._buffers: dict[str, Tensor] = {}
-
-    def store(self, key: str, tensor: Tensor) -> Tensor:
-        """A CPU tensor holding `tensor`'s values (a DTensor with the same layout for a DTensor), in the
-        buffer kept for `key`; the copy may still be running until `synchronize()`."""
-        if not self.pinned or tensor.device.type == "cpu":
-            return tensor.to(CPU)
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        buffer = self._buffers.get(key)
-        if buffer is None or buffer.shape != local.shape or buffer.dtype != local.dtype:
-            buffer = self._buffers[key] = torch.empty(local.shape, dtype=local.dtype, pin_memory=True)
-        buffer.copy_(local, non_blocking=True)
-        if isinstance(tensor, DTensor):
-            # DTensor's own constructor, as its CPU copies get it: from_local would move the buffer
-            # back to the mesh's device type.
-            return DTensor(buffer, tensor._spec, requires_grad=False)
-        return buffer
+from ember.engines.host_copies import CPU, HostCopies
 
 
 def _moved(tensor: Tensor, device: torch.device, host: HostCopies | None, key: str | None) -> Tensor:

@@ -12,7 +12,7 @@ The one move serves everything that goes: the parameters' storages (the DDP buff
 each parameter's own storage where there is no buffer: the reference, or a trained role
 without the distributed optimizer), the optimizer's own tensors (fp32 master weights and
 Adam's moments) and the gradient buffers, whose values are not kept: the engine zeroes
-them before every update. Host copies are `fsdp/offload.py`'s `HostCopies`: pinned once,
+them before every update. Host copies are `engines/host_copies.py`'s `HostCopies`: pinned once,
 rewritten on every later offload.
 """
 
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from ember.distributed.device import empty_cache, synchronize
-from ember.engines.fsdp.offload import HostCopies
+from ember.engines.host_copies import HostCopies
 
 
 @dataclass
