@@ -32,6 +32,7 @@ place, since megatron-core's DDP and optimizer hold views into them).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -306,7 +307,8 @@ class MegatronEngine(TrainEngine):
 
         if mpu.get_pipeline_model_parallel_world_size() == 1:
             return objects
-        holder = [objects if mpu.is_pipeline_last_stage() else None]
+        # On the CPU: a pickled CUDA tensor would come back on the sender's GPU index in every receiver.
+        holder = [_on_cpu(objects) if mpu.is_pipeline_last_stage() else None]
         dist.broadcast_object_list(holder, src=mpu.get_pipeline_model_parallel_last_rank(),
                                    group=mpu.get_pipeline_model_parallel_group())
         return holder[0]
@@ -353,6 +355,18 @@ class MegatronEngine(TrainEngine):
 
     def onload(self) -> None:
         self.offloader.onload()
+
+
+def _on_cpu(value):
+    """`value` (tensors, in lists, tuples and dataclasses such as ModelOutput) with every tensor on the CPU."""
+    if isinstance(value, Tensor):
+        return value.cpu()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_cpu(item) for item in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.replace(value, **{item.name: _on_cpu(getattr(value, item.name))
+                                             for item in dataclasses.fields(value) if item.init})
+    return value
 
 
 def _output_layer(chunk: nn.Module) -> nn.Module | None:
