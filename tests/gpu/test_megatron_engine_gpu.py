@@ -177,9 +177,9 @@ def test_a_ppo_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tm
     Megatron fault from a GPU one, on FSDP2): `ember train` killed while it scores step 3 (step 2 saved), then
     resumed, logs exactly what the uninterrupted run logs. Two uninterrupted runs on one H100 log bitwise-equal
     metrics (measured, both strategies), so any difference is the resume's.
-    KNOWN TO FAIL for megatron (2026-11-25, H100; fsdp2 not run yet): step 3 after the resume has the same rewards
-    but other losses (actor/pg_loss 2.27e-4 against 9.84e-5, critic/vf_loss 0.05084 against 0.05114), and the runs
-    part at step 4; test_a_checkpoint_after_several_updates_resumes_the_same_next_update says which role."""
+    Megatron failed it on an H100 (2026-11-25: step 3 after the resume had the same rewards but other losses, the
+    runs parted at step 4): Adam's step count came back as 1 (tests/integration/test_megatron_resume.py found it on
+    a CPU); fixed since, not yet re-run on a GPU."""
     import signal
 
     from integration.rl_helpers import (HANG_ENV, NOT_REPRODUCIBLE, STATEFUL_RUN, ember_train_process,

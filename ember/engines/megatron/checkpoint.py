@@ -47,7 +47,9 @@ def save_checkpoint(path: str, chunks: list[nn.Module], optimizer) -> None:
     dist_checkpointing.save(_sharded_state_dict(chunks, optimizer, is_loading=False), path)
 
 
-def load_checkpoint(path: str, chunks: list[nn.Module], optimizer) -> None:
+def load_checkpoint(path: str, chunks: list[nn.Module], optimizer, optimizer_steps: int) -> None:
+    """Load `path` into `chunks` and `optimizer`; `optimizer_steps` (the optimizer steps taken before the save,
+    which the engine keeps beside the checkpoint) becomes every parameter's Adam step count."""
     from megatron.core import dist_checkpointing
 
     if optimizer is not None:
@@ -61,7 +63,7 @@ def load_checkpoint(path: str, chunks: list[nn.Module], optimizer) -> None:
             chunk.load_state_dict(state[f"model{index}"])
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer"])
-        _unshare_step_counts(optimizer)
+        _set_step_counts(optimizer, optimizer_steps)
 
 
 def _create_optimizer_state(optimizer) -> None:
@@ -86,19 +88,21 @@ def _create_optimizer_state(optimizer) -> None:
             group["lr"] = rate
 
 
-def _unshare_step_counts(optimizer) -> None:
-    """Give every parameter its own Adam step counter.
+def _set_step_counts(optimizer, steps: int) -> None:
+    """Give every parameter its own Adam step count, `steps`.
 
-    Without Transformer Engine or Apex, megatron-core's distributed optimizer restores one
-    step tensor and assigns that same tensor to every parameter; PyTorch's Adam increments
-    each parameter's counter in place, so the shared one would advance once per parameter
-    per step and every later update would use the wrong bias correction.
+    Without Transformer Engine or Apex, megatron-core's distributed optimizer does not bring the
+    count back: loading `dp_reshardable` state copies the step of the loading template (the one
+    `_create_optimizer_state` made, 1) over the saved one, so every later update used the wrong
+    bias correction (found on CPU with megatron-core 0.19.2: moments and master weights equal after
+    the load, the count 1 instead of 3). It also hands one step tensor to every parameter, which
+    PyTorch's Adam would advance once per parameter per step. The engine counts the steps itself.
     """
     for megatron_optimizer in getattr(optimizer, "chained_optimizers", [optimizer]):
         for parameter_state in megatron_optimizer.optimizer.state.values():
             step = parameter_state.get("step")
             if isinstance(step, torch.Tensor):
-                parameter_state["step"] = step.clone()
+                parameter_state["step"] = torch.full_like(step, float(steps))
 
 
 def checkpoint_problem(path: str, extra_files: list[str]) -> str | None:

@@ -111,7 +111,7 @@ class MegatronEngine(TrainEngine):
             chunk.output_layer.to(self.device)
         if self.is_reconstructor:
             self.prediction_module = self._prepare_reconstructor(chunks)
-        if device_type() == "cpu" and options.trains:  # the model builds and loads on a CPU; DDP does not
+        if options.trains and not torch.cuda.is_available():  # the model builds and loads on a CPU; DDP does not
             raise UserError(f"strategy megatron trains on GPUs only (megatron-core's DistributedDataParallel keeps its "
                             f"buffers on CUDA), and the {options.role} runs on a CPU here: use strategy fsdp2 on a CPU")
         self.chunks = self._wrap(chunks)
@@ -336,9 +336,9 @@ class MegatronEngine(TrainEngine):
         dist.barrier()
 
     def load(self, path: str) -> None:
-        load_checkpoint(path, self.chunks, self.optimizer)
         with open(os.path.join(path, _SCHEDULE_FILE)) as handle:
             self.optimizer_steps = json.load(handle)["optimizer_steps"]
+        load_checkpoint(path, self.chunks, self.optimizer, self.optimizer_steps)
 
     def checkpoint_problem(self, path: str) -> str | None:
         return checkpoint_problem(path, [_SCHEDULE_FILE])
