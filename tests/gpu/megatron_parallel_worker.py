@@ -49,6 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="shard activations along the sequence in tensor-parallel regions (acts when TP > 1)")
     parser.add_argument("--max-token-len", type=int, default=None,
                         help="micro-batches by this token budget instead of MICRO_BATCH_SIZE samples")
+    parser.add_argument("--param-dtype", default="bfloat16", help="the engine's compute dtype (float32 on a CPU)")
     parser.add_argument("--load", default=None, help="checkpoint folder to load before computing")
     parser.add_argument("--save", default=None, help="checkpoint folder to save after the update")
     return parser.parse_args(argv)
@@ -58,7 +59,8 @@ def build_engine(args: argparse.Namespace) -> MegatronEngine:
     return MegatronEngine(MegatronOptions(
         model_path=args.model_dir, optim=GRADIENT_REVEALING_OPTIM, tensor_model_parallel_size=args.tp,
         pipeline_model_parallel_size=args.pp, virtual_pipeline_model_parallel_size=args.vpp,
-        context_parallel_size=args.cp, expert_model_parallel_size=args.ep, sequence_parallel=args.sequence_parallel))
+        context_parallel_size=args.cp, expert_model_parallel_size=args.ep, sequence_parallel=args.sequence_parallel,
+        param_dtype=args.param_dtype))
 
 
 def whole_batch_log_probs(engine: MegatronEngine, share: Batch, micro: int | MicroBatchSpec) -> torch.Tensor:

@@ -21,8 +21,7 @@ run's log-probs before and after the update, its loss and its gradient norm (the
   token goes to all 4 experts (weighted by the router's probabilities): with top 2 of 4, bf16 rounding flips a near
   tie of the router in about one token per layer (seen against fp32 on this model), which moves log-probs by more
   than the tolerance whatever the engine does.
-- a checkpoint saved at TP = 2 loads at TP = 1: the same log-probs, and the next update (loss, gradient norm, new
-  log-probs) equals the one the TP = 2 engine made after saving, which needs the Adam moments resharded too.
+- a checkpoint saved at TP = 2 is refused at TP = 1 (the optimizer state reshards over data-parallel ranks only).
 
 Tolerance: every run computes in bf16 over fp32 master weights, so log-probs agree to bf16 rounding, 0.05 nats (the
 tolerance of test_megatron_engine_gpu.py), before and after the update; the update itself moves them by over 10 times
@@ -140,11 +139,10 @@ def test_expert_parallel_matches_one_gpu(tmp_path):
     assert_same_update(launch(moe_model_dir, tmp_path / "ep2.pt", 2, "--ep", "2"), one_gpu)
 
 
-def test_a_checkpoint_saved_at_tp2_resumes_at_tp1_with_the_same_next_update(model_dir, tensor_parallel, tmp_path):
-    saved, checkpoint = tensor_parallel
-    resumed = launch(model_dir, tmp_path / "result.pt", 1, "--load", checkpoint)
-    torch.testing.assert_close(resumed["before"][MASK], saved["after"][MASK], atol=TOLERANCE, rtol=0)
-    assert resumed["metrics"]["lr"] == saved["next_metrics"]["lr"]
-    assert resumed["metrics"]["loss"] == pytest.approx(saved["next_metrics"]["loss"], abs=TOLERANCE)
-    assert resumed["metrics"]["grad_norm"] == pytest.approx(saved["next_metrics"]["grad_norm"], rel=0.05)
-    torch.testing.assert_close(resumed["after"][MASK], saved["next_after"][MASK], atol=TOLERANCE, rtol=0)
+def test_a_checkpoint_saved_at_tp2_is_refused_at_tp1(model_dir, tensor_parallel, tmp_path):
+    """The optimizer state (`dp_reshardable`) reshards over data-parallel ranks only: a resume under other
+    tensor-parallel sizes stops naming them (tests/integration/test_megatron_parallel_cpu.py checks the
+    data-parallel resharding)."""
+    _, checkpoint = tensor_parallel
+    with pytest.raises(subprocess.CalledProcessError):
+        launch(model_dir, tmp_path / "result.pt", 1, "--load", checkpoint)

@@ -4,10 +4,10 @@
 sharded as the distributed optimizer holds them) with `dist_checkpointing`. The model's
 sharded tensors carry their global shapes and offsets, so the weights reload under another
 parallel layout; the optimizer state is written `dp_reshardable` (each rank its own buffers,
-in parallel), which megatron-core reshards over data-parallel ranks only: a resume with other
-tensor or pipeline sizes needs `fully_reshardable` (not measured here yet; the 2-GPU test
-tests/gpu/test_megatron_parallel_gpu.py saves at TP = 2 and resumes at TP = 1). `export_hf`
-gathers the full weights through mbridge into safetensors that transformers loads.
+in parallel), which megatron-core reshards over data-parallel ranks only, so the engine refuses a
+resume under other model-parallel sizes by name (`fully_reshardable`, which would allow it, fails
+to load in megatron-core without Transformer Engine: the Adam step it expects is never saved).
+`export_hf` gathers the full weights through mbridge into safetensors that transformers loads.
 """
 
 from __future__ import annotations

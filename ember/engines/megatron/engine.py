@@ -332,12 +332,21 @@ class MegatronEngine(TrainEngine):
         save_checkpoint(path, self.chunks, self.optimizer)
         if dist.get_rank() == 0:
             with open(os.path.join(path, _SCHEDULE_FILE), "w") as handle:
-                json.dump({"optimizer_steps": self.optimizer_steps}, handle)
+                json.dump({"optimizer_steps": self.optimizer_steps, "layout": self.options.layout},
+                          handle)
         dist.barrier()
 
     def load(self, path: str) -> None:
         with open(os.path.join(path, _SCHEDULE_FILE)) as handle:
-            self.optimizer_steps = json.load(handle)["optimizer_steps"]
+            saved = json.load(handle)
+        layout = self.options.layout  # the model-parallel sizes; megatron-core's dp_reshardable state reshards DP
+        if self.optimizer is not None and saved.get("layout", layout) != layout:
+            changed = ", ".join(f"{key}={saved['layout'].get(key)} (now {value})" for key, value in layout.items()
+                                if saved["layout"].get(key) != value)
+            raise UserError(f"{path} was saved with {changed}: the optimizer state of a Megatron checkpoint reloads "
+                            "under the same tensor, pipeline and expert sizes only (any data-parallel size); resume "
+                            "with those sizes, or `ember export` the checkpoint and start from its HF folder")
+        self.optimizer_steps = saved["optimizer_steps"]
         load_checkpoint(path, self.chunks, self.optimizer, self.optimizer_steps)
 
     def checkpoint_problem(self, path: str) -> str | None:
