@@ -5,8 +5,9 @@ sharded as the distributed optimizer holds them) with `dist_checkpointing`. The 
 sharded tensors carry their global shapes and offsets, so the weights reload under another
 parallel layout; the optimizer state is written `dp_reshardable` (each rank its own buffers,
 in parallel), which megatron-core reshards over data-parallel ranks only, so the engine refuses a
-resume under other model-parallel sizes by name (`fully_reshardable`, which would allow it, fails
-to load in megatron-core without Transformer Engine: the Adam step it expects is never saved).
+resume under other model-parallel sizes by name (`fully_reshardable`, which would allow it, failed
+to load in megatron-core 0.16 without Transformer Engine on a CPU: it expects an Adam step it does
+not save; not tried on 0.19).
 `export_hf` gathers the full weights through mbridge into safetensors that transformers loads.
 """
 
