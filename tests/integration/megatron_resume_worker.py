@@ -2,7 +2,7 @@
 loaded from the save and trained once. Writes, per role, how far the loaded engine's outputs are from the saved
 one's, the two next updates' loss and grad norm, how far the outputs are after them, and the Adam step counts.
 
-Usage: python megatron_resume_worker.py OUT_FILE (one process, CPU, megatron_on_cpu's stand-ins)."""
+Usage: python megatron_resume_worker.py OUT_FILE PARAM_DTYPE (one process, CPU, megatron_on_cpu's stand-ins)."""
 
 import sys
 from pathlib import Path
@@ -32,14 +32,14 @@ def adam_steps(engine) -> list[float]:
                    for state in optimizer.optimizer.state.values() if "step" in state})
 
 
-def main(out_file: str) -> None:
+def main(out_file: str, param_dtype: str) -> None:
     work = Path(out_file).parent
     model_dir = make_model_dir("qwen2", str(work / "model"))
     batch = make_batch(samples=8)
     results = {}
     for role, loss in (("actor", mean_log_prob_loss), ("critic", value_loss)):
         def build():
-            return MegatronEngine(MegatronOptions(model_path=model_dir, role=role, param_dtype="bfloat16",
+            return MegatronEngine(MegatronOptions(model_path=model_dir, role=role, param_dtype=param_dtype,
                                                   optim=OptimOptions(lr=1e-3, weight_decay=0.01, clip_grad=1.0)))
 
         def outputs(engine):
@@ -65,4 +65,4 @@ def main(out_file: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

@@ -62,7 +62,7 @@ def test_each_layout_gives_the_one_process_update(dense, tmp_path, layout):
 @pytest.mark.slow
 def test_a_checkpoint_reshards_over_data_parallel_ranks_and_refuses_other_model_parallel_sizes(dense, tmp_path):
     model_dir, _ = dense
-    # bf16: megatron-core's fp32 distributed optimizer cannot load its own state (it writes into a leaf view)
+    # bf16, as runs train (the fp32 load is test_megatron_resume.py's)
     saved = launch(model_dir, tmp_path / "dp2.pt", 2, "--param-dtype", "bfloat16", "--save", str(tmp_path / "dp2"))
     resumed = launch(model_dir, tmp_path / "dp1.pt", 1, "--param-dtype", "bfloat16", "--load", str(tmp_path / "dp2"))
     torch.testing.assert_close(resumed["before"], saved["after"], atol=0, rtol=0)

@@ -17,9 +17,10 @@ WORKER = Path(__file__).with_name("megatron_resume_worker.py")
 
 
 @pytest.mark.slow
-def test_a_loaded_megatron_engine_makes_the_saved_engines_next_update(tmp_path):
+@pytest.mark.parametrize("param_dtype", ["bfloat16", "float32"])  # float32: the optimizer's state is its parameters
+def test_a_loaded_megatron_engine_makes_the_saved_engines_next_update(tmp_path, param_dtype):
     out_file = tmp_path / "results.pt"
-    subprocess.run([sys.executable, str(WORKER), str(out_file)], check=True, timeout=600)
+    subprocess.run([sys.executable, str(WORKER), str(out_file), param_dtype], check=True, timeout=600)
     results = torch.load(out_file)
     for role in ("actor", "critic"):
         result = results[role]

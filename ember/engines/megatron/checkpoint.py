@@ -63,7 +63,8 @@ def load_checkpoint(path: str, chunks: list[nn.Module], optimizer, optimizer_ste
         for index, chunk in enumerate(chunks):
             chunk.load_state_dict(state[f"model{index}"])
     if optimizer is not None:
-        optimizer.load_state_dict(state["optimizer"])
+        with torch.no_grad():  # fp32 parameters: the distributed optimizer copies into views of them
+            optimizer.load_state_dict(state["optimizer"])
         _set_step_counts(optimizer, optimizer_steps)
 
 
