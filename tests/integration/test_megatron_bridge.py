@@ -234,3 +234,14 @@ def test_the_layout_is_built_again_in_a_new_process_group(one_rank):
     after = mpu.get_data_parallel_group()
     assert after is not before and dist.get_world_size(after) == 1
 
+
+
+def test_a_missing_psutil_is_named_with_the_install_line(monkeypatch):
+    """megatron-core's checkpoint writer needs psutil and, without it, leaves a multi-rank save waiting forever."""
+    import sys
+
+    from ember.engines.megatron.options import MegatronUnavailable, import_megatron
+
+    monkeypatch.setitem(sys.modules, "psutil", None)
+    with pytest.raises(MegatronUnavailable, match=r"needs megatron-core, mbridge and psutil .*pip install 'ember\[megatron\]'"):
+        import_megatron()

@@ -19,8 +19,8 @@ from ember.errors import UserError
 logger = logging.getLogger(__name__)
 
 ROLES = ("actor", "critic", "ref", "reconstructor")
-INSTALL_HINT = ("pip install megatron-core mbridge einops (megatron-core ≥ 0.16; Transformer Engine is optional: "
-                "without it ember uses megatron-core's local layer spec)")
+INSTALL_HINT = ("pip install 'ember[megatron]' (megatron-core ≥ 0.16, mbridge, einops, psutil; Transformer Engine is "
+                "optional: without it ember uses megatron-core's local layer spec)")
 
 
 class MegatronUnavailable(UserError):
@@ -220,6 +220,8 @@ def import_megatron():
     try:
         import mbridge  # noqa: F401
         import megatron.core
+        import psutil  # noqa: F401  (megatron-core's checkpoint writer needs it, and hangs the run without it)
     except ImportError as error:
-        raise MegatronUnavailable(f"strategy megatron needs megatron-core and mbridge ({error}); {INSTALL_HINT}") from None
+        raise MegatronUnavailable(f"strategy megatron needs megatron-core, mbridge and psutil ({error}); "
+                                  f"{INSTALL_HINT}") from None
     return megatron.core
