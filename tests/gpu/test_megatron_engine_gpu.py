@@ -180,10 +180,8 @@ def test_a_ppo_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tm
     Megatron failed it on an H100 (2026-11-25: step 3 after the resume had the same rewards but other losses, the
     runs parted at step 4): Adam's step count came back as 1 (tests/integration/test_megatron_resume.py found it on
     a CPU); fixed since, not yet re-run on a GPU."""
-    import signal
-
-    from integration.rl_helpers import (HANG_ENV, NOT_REPRODUCIBLE, STATEFUL_RUN, ember_train_process,
-                                        metrics_by_step, prepare_inputs, run_overrides, train, wait_for)
+    from integration.rl_helpers import (NOT_REPRODUCIBLE, STATEFUL_RUN, kill_after_checkpoint_2, metrics_by_step,
+                                        prepare_inputs, run_overrides, train)
 
     inputs = prepare_inputs(tmp_path / "inputs")
     strategies = [f"actor_rollout_ref.actor.strategy={strategy}", f"actor_rollout_ref.ref.strategy={strategy}",
@@ -192,12 +190,7 @@ def test_a_ppo_run_killed_after_a_checkpoint_resumes_to_the_uninterrupted_run(tm
     uninterrupted_dir, killed_dir = tmp_path / "uninterrupted", tmp_path / "killed"
     train(run_overrides(inputs, uninterrupted_dir, *run))
     overrides = run_overrides(inputs, killed_dir, *run)
-    checkpoint_2 = killed_dir / "global_step_2" / "trainer_state.json"
-    log_path = tmp_path / "killed.log"
-    with ember_train_process(overrides, log_path, env={HANG_ENV: str(checkpoint_2)}) as process:
-        wait_for(checkpoint_2.exists, process, log_path, timeout_s=300)
-        process.send_signal(signal.SIGKILL)
-        assert process.wait(timeout=30) == -signal.SIGKILL
+    kill_after_checkpoint_2(overrides, killed_dir, tmp_path / "killed.log", timeout_s=300)
     assert train(overrides + ["trainer.resume_mode=auto"]).step == 4
 
     expected, actual = metrics_by_step(uninterrupted_dir), metrics_by_step(killed_dir)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -191,3 +192,13 @@ def logged_training_steps(run_dir: Path) -> list[int]:
         return []
     complete_lines = path.read_text().split("\n")[:-1]
     return [record["step"] for record in map(json.loads, complete_lines) if "actor/pg_loss" in record]
+
+
+def kill_after_checkpoint_2(overrides: list[str], run_dir: Path, log_path: Path, timeout_s: float = 120.0) -> None:
+    """`ember train OVERRIDES` in its own process, SIGKILLed while it scores step 3: its reward hangs once
+    `run_dir`'s step-2 checkpoint is written (HANG_ENV)."""
+    checkpoint_2 = run_dir / "global_step_2" / "trainer_state.json"
+    with ember_train_process(overrides, log_path, env={HANG_ENV: str(checkpoint_2)}) as process:
+        wait_for(checkpoint_2.exists, process, log_path, timeout_s=timeout_s)
+        process.send_signal(signal.SIGKILL)
+        assert process.wait(timeout=30) == -signal.SIGKILL

@@ -135,7 +135,7 @@ def test_ddp_fields_and_dtype_names_in_override_transformer_config_reach_megatro
     from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.transformer import TransformerConfig
 
-    from ember.engines.megatron.options import dtypes_resolved, field_names, resolved_for_megatron_core
+    from ember.engines.megatron.options import field_names, resolved_for_megatron_core
 
     def resolve(transformer=None, ddp=None, **options):
         return resolved_for_megatron_core(
@@ -151,8 +151,7 @@ def test_ddp_fields_and_dtype_names_in_override_transformer_config_reach_megatro
     assert "recompute_num_layers=1 is dropped" in caplog.text
     assert resolved.override_ddp_config == {"overlap_grad_reduce": False, "overlap_param_gather": False,
                                             "bucket_size": 1 << 20}  # the optimizer switch stays the role's
-    transformer = dtypes_resolved(checked_overrides(resolved.override_transformer_config, TransformerConfig, "key"),
-                                  TransformerConfig, "key")
+    transformer = checked_overrides(resolved.override_transformer_config, TransformerConfig, "key")
     assert transformer == {"bf16": True, "params_dtype": torch.bfloat16, "pipeline_dtype": torch.bfloat16,
                            "recompute_granularity": "selective", "recompute_method": "block"}
     TransformerConfig(num_layers=2, hidden_size=8, num_attention_heads=2, **transformer)  # megatron-core takes it
@@ -168,7 +167,7 @@ def test_ddp_fields_and_dtype_names_in_override_transformer_config_reach_megatro
     with pytest.raises(UserError, match="overlap_param_gather=true defers the parameters' all-gather"):
         resolve({"overlap_param_gather": True})
     with pytest.raises(UserError, match="key.params_dtype: unknown dtype 'bfloat61'"):
-        dtypes_resolved({"params_dtype": "bfloat61"}, TransformerConfig, "key")
+        checked_overrides({"params_dtype": "bfloat61"}, TransformerConfig, "key")
 
 
 def test_a_second_layout_in_one_process_is_refused(one_rank):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import signal
 import time
 
 import pytest
@@ -16,10 +15,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from ember.cli import main as ember_main
 from rl_helpers import (
     DATA_SOURCE,
-    HANG_ENV,
     build_trainer,
     close,
-    ember_train_process,
+    kill_after_checkpoint_2,
     engine_weights,
     fit,
     hf_weights,
@@ -29,7 +27,6 @@ from rl_helpers import (
     run_overrides,
     STATEFUL_RUN,
     train,
-    wait_for,
 )
 
 VALIDATION_METRIC = f"val-core/{DATA_SOURCE}/acc"
@@ -42,12 +39,7 @@ def test_killed_and_resumed_run_equals_the_uninterrupted_run(inputs, tmp_path):
 
     # The same run as `ember train`, killed while it scores step 3 (its reward hangs once step 2 is saved).
     overrides = run_overrides(inputs, killed_dir, *STATEFUL_RUN)
-    checkpoint_2 = killed_dir / "global_step_2" / "trainer_state.json"
-    log_path = tmp_path / "killed.log"
-    with ember_train_process(overrides, log_path, env={HANG_ENV: str(checkpoint_2)}) as process:
-        wait_for(checkpoint_2.exists, process, log_path)
-        process.send_signal(signal.SIGKILL)
-        assert process.wait(timeout=30) == -signal.SIGKILL
+    kill_after_checkpoint_2(overrides, killed_dir, tmp_path / "killed.log")
     assert sorted(metrics_by_step(killed_dir)) == [0, 1, 2]
 
     resumed = train(overrides + ["trainer.resume_mode=auto"])

@@ -56,8 +56,8 @@ from ember.engines.megatron.checkpoint import checkpoint_problem, export_hf, loa
 from ember.engines.megatron.injection import injecting
 from ember.engines.megatron.log_probs import vocab_parallel_log_probs
 from ember.engines.megatron.offload import MegatronOffload
-from ember.engines.megatron.options import (MegatronOptions, checked_overrides, dtypes_resolved, field_names,
-                                           import_megatron, layout_settings, resolved_for_megatron_core)
+from ember.engines.megatron.options import (MegatronOptions, checked_overrides, field_names, import_megatron,
+                                           layout_settings, resolved_for_megatron_core)
 from ember.engines.megatron.parallel import initialize_layout
 from ember.engines.megatron.reconstructor import (check_layout, cut_model_overrides, freeze_unreached, predicting,
                                                   prediction_module)
@@ -89,9 +89,8 @@ class MegatronEngine(TrainEngine):
         self.device = current_device()
         initialize_layout(options.layout, options.seed)
         self.dtype = resolve_dtype(options.param_dtype)
-        overrides = dtypes_resolved(checked_overrides(options.override_transformer_config, TransformerConfig,
-                                                      "megatron.override_transformer_config"),
-                                    TransformerConfig, "megatron.override_transformer_config")
+        overrides = checked_overrides(options.override_transformer_config, TransformerConfig,
+                                      "megatron.override_transformer_config")
         overrides = {**layout_settings(options, transformer_engine_available()),
                      **({"use_cpu_initialization": True} if device_type() == "cpu" else {}),
                      **overrides}
@@ -332,8 +331,7 @@ class MegatronEngine(TrainEngine):
         save_checkpoint(path, self.chunks, self.optimizer)
         if dist.get_rank() == 0:
             with open(os.path.join(path, _SCHEDULE_FILE), "w") as handle:
-                json.dump({"optimizer_steps": self.optimizer_steps, "layout": self.options.layout},
-                          handle)
+                json.dump({"optimizer_steps": self.optimizer_steps, "layout": self.options.layout}, handle)
         dist.barrier()
 
     def load(self, path: str) -> None:

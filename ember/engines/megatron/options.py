@@ -115,8 +115,9 @@ def field_names(config_class: type) -> set[str]:
 
 
 def checked_overrides(overrides: dict[str, Any], config_class: type, key: str) -> dict[str, Any]:
-    """`overrides` when every name is a field of the dataclass `config_class`; else a UserError
-    naming the unknown fields, the key they came from and a few close field names."""
+    """`overrides` when every name is a field of the dataclass `config_class`, with dtype names made dtypes
+    (`dtypes_resolved`); else a UserError naming the unknown fields, the key they came from and a few close
+    field names."""
     known = field_names(config_class)
     unknown = sorted(set(overrides) - known)
     if unknown:
@@ -127,7 +128,7 @@ def checked_overrides(overrides: dict[str, Any], config_class: type, key: str) -
                               for name, close in hints.items())
         raise UserError(f"{key}: megatron-core's {config_class.__name__} has no field {described}; "
                         "remove it or correct its name")
-    return dict(overrides)
+    return dtypes_resolved(overrides, config_class, key)
 
 
 def resolved_for_megatron_core(options: MegatronOptions, transformer_fields: set[str], ddp_fields: set[str],
@@ -163,7 +164,7 @@ def resolved_for_megatron_core(options: MegatronOptions, transformer_fields: set
                         "ember reads them right after each optimizer step (weight sync to the rollout, checkpoints, "
                         "export); set it to false")
     if transformer.get("recompute_granularity") == "selective" and transformer.get("recompute_num_layers") is not None:
-        if first_rank():
+        if _first_rank():
             logger.warning("%s: megatron.override_transformer_config.recompute_num_layers=%s is dropped: "
                            "recompute_granularity=selective recomputes part of every layer, and megatron-core refuses "
                            "a layer count with it; remove the key (or use recompute_granularity=full)", options.role,
@@ -182,7 +183,7 @@ def layout_settings(options: MegatronOptions, transformer_engine: bool) -> dict[
     tensor_parallel = options.tensor_model_parallel_size > 1
     sequence_parallel = options.sequence_parallel and tensor_parallel
     if sequence_parallel and not transformer_engine:
-        if first_rank():
+        if _first_rank():
             logger.warning("%s: megatron.sequence_parallel=true is turned off: megatron-core's local layer spec (used "
                            "without Transformer Engine) has no sequence-parallel norm; install transformer-engine to "
                            "shard activations along the sequence, or set sequence_parallel: false", options.role)
@@ -207,12 +208,12 @@ def dtypes_resolved(overrides: dict[str, Any], config_class: type, key: str) -> 
     return resolved
 
 
-def first_rank() -> bool:
-    """Whether this process is the job's first (or the only one): where a warning every rank would repeat is
-    logged."""
-    import torch.distributed as dist
+def _first_rank() -> bool:
+    """Where a warning every rank would repeat is logged (`distributed.device.rank`, imported late: this module
+    loads no torch)."""
+    from ember.distributed.device import rank
 
-    return not dist.is_initialized() or dist.get_rank() == 0
+    return rank() == 0
 
 
 def import_megatron():
