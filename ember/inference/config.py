@@ -29,7 +29,8 @@ class EngineConfig:
     block_size: int = 16
     """Tokens per KV-cache block."""
     num_kv_blocks: int | None = None
-    """KV-cache blocks; None = from gpu_memory_utilization on an accelerator, max_num_seqs x max_model_len on CPU."""
+    """KV-cache blocks; None = enough for max_num_seqs sequences of max_model_len (the most that can be in use),
+    or what fits under gpu_memory_utilization on an accelerator if that is less."""
     gpu_memory_utilization: float = 0.5
     """Fraction of the accelerator's total memory the engine may fill (weights already loaded + KV cache)."""
     dtype: torch.dtype = torch.bfloat16

@@ -27,7 +27,8 @@ from ember.inference.attention import kernels_support_head_dim
 from ember.inference.block_manager import BlockManager
 from ember.inference.config import EngineConfig
 from ember.inference.decode_runner import DecodeRunner
-from ember.inference.kv_cache import KVCache, activation_reserve_bytes, kv_block_bytes, num_kv_blocks_for_memory
+from ember.inference.kv_cache import (KVCache, activation_reserve_bytes, kv_block_bytes, kv_blocks_to_allocate,
+                                     num_kv_blocks_for_memory)
 from ember.inference.model_runner import ModelRunner
 from ember.inference.models import build_model, load_hf_config, load_weights, read_safetensors
 from ember.inference.sampling import sample_next_tokens, sequence_seed
@@ -54,7 +55,8 @@ class LLMEngine:
         fuse = config.fuse_projections if config.fuse_projections is not None else self.device.type == "cuda"
         self.model = build_model(hf_config, config.max_model_len + config.decode_window, config.dtype, self.device, fuse)
         load_weights(self.model, named_tensors, require_all=True)
-        self.num_kv_blocks = config.num_kv_blocks or self._default_num_kv_blocks()
+        max_blocks_per_sequence = config.blocks_for(config.max_model_len + config.decode_window)
+        self.num_kv_blocks = config.num_kv_blocks or self._default_num_kv_blocks(max_blocks_per_sequence)
         if self.num_kv_blocks * config.block_size < config.max_model_len:
             raise ValueError(
                 f"the KV cache has room for {self.num_kv_blocks * config.block_size} tokens, less than one sequence "
@@ -77,7 +79,7 @@ class LLMEngine:
             self.kv_cache,
             block_size=config.block_size,
             max_num_seqs=config.max_num_seqs,
-            max_blocks_per_sequence=config.blocks_for(config.max_model_len + config.decode_window),
+            max_blocks_per_sequence=max_blocks_per_sequence,
             trash_block=self.num_kv_blocks,
             use_cuda_graphs=config.use_cuda_graphs and self._graph_safe(),
         )
@@ -99,10 +101,12 @@ class LLMEngine:
         """An engine for the HF model directory `path` (config.json and safetensors weights)."""
         return cls(load_hf_config(path), read_safetensors(path), config)
 
-    def _default_num_kv_blocks(self) -> int:
-        """Blocks for max_num_seqs full-length sequences on CPU; what fits under gpu_memory_utilization otherwise."""
+    def _default_num_kv_blocks(self, max_blocks_per_sequence: int) -> int:
+        """Blocks for max_num_seqs full-length sequences (`kv_blocks_to_allocate`), fewer on an accelerator
+        if only fewer fit under gpu_memory_utilization."""
+        most_in_use = self.config.max_num_seqs, max_blocks_per_sequence
         if self.device.type == "cpu":
-            return self.config.max_num_seqs * self.config.blocks_for(self.config.max_model_len)
+            return kv_blocks_to_allocate(*most_in_use)
         free_bytes, total_bytes = torch.accelerator.get_memory_info(self.device)
         block_bytes = kv_block_bytes(
             self.model.config.num_hidden_layers,
@@ -120,10 +124,8 @@ class LLMEngine:
             hf_config.hidden_size, intermediate, hf_config.vocab_size,
             self.config.max_num_batched_tokens, self.config.max_num_seqs, self.config.dtype,
         )
-        blocks = num_kv_blocks_for_memory(
-            total_bytes, free_bytes, self.config.gpu_memory_utilization, block_bytes, reserved
-        )
-        return blocks - 1  # the trash block comes on top
+        fit = num_kv_blocks_for_memory(total_bytes, free_bytes, self.config.gpu_memory_utilization, block_bytes, reserved)
+        return kv_blocks_to_allocate(*most_in_use, fit_in_memory=fit - 1)  # the trash block comes on top
 
     @property
     def prefill_tokens_computed(self) -> int:

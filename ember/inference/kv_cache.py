@@ -87,6 +87,20 @@ def activation_reserve_bytes(
     return prefill + logits + (512 << 20)
 
 
+def kv_blocks_to_allocate(max_num_seqs: int, max_blocks_per_sequence: int, fit_in_memory: int | None = None) -> int:
+    """The KV cache's size in blocks: what `max_num_seqs` sequences of full length can hold at once
+    (no more can ever be in use: the scheduler runs at most that many, each within its
+    `max_blocks_per_sequence`), or what fits in memory (`num_kv_blocks_for_memory`) if that is less.
+
+    The cap matters between rollouts: the cache is zeroed at every wake and handed back at every
+    sleep, so a cache sized to the memory budget alone (tens of GiB for a short-answer task) costs
+    a step milliseconds of allocation and zeroing for blocks no sequence can use, and keeps that
+    memory from training's caching allocator while awake.
+    """
+    most_in_use = max_num_seqs * max_blocks_per_sequence
+    return most_in_use if fit_in_memory is None else min(fit_in_memory, most_in_use)
+
+
 def num_kv_blocks_for_memory(
     total_bytes: int, free_bytes: int, memory_utilization: float, block_bytes: int, reserved_bytes: int = 0
 ) -> int:

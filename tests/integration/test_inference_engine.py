@@ -116,6 +116,18 @@ def test_preemption_when_blocks_run_out_keeps_outputs_exact_and_frees_everything
     assert engine.block_manager.num_free_blocks == 24
 
 
+def test_the_default_cache_runs_max_num_seqs_full_length_sequences_with_no_preemption():
+    # Every sequence runs to max_model_len with a decode window of 16 reserved ahead: the default cache
+    # (`kv_blocks_to_allocate`) is exactly what that can use, so no one is ever prefilled again.
+    model = tiny_model("llama")
+    prompts = [prompt[:4] for prompt in PROMPTS[:4]]
+    engine = engine_for(model, max_num_seqs=4, max_model_len=40, decode_window=16)
+    assert engine.num_kv_blocks == 4 * engine.config.blocks_for(40 + 16)
+    engine.generate(prompts, SamplingParams(do_sample=False, max_new_tokens=40 - 4))
+    assert engine.prefill_tokens_computed == sum(len(p) for p in prompts)
+    assert engine.block_manager.num_free_blocks == engine.num_kv_blocks
+
+
 @pytest.mark.parametrize("window", [3, 16])
 def test_decode_windows_give_the_tokens_of_single_steps_through_stops_and_preemption(window):
     model = tiny_model("qwen2")

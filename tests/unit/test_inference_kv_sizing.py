@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from ember.inference.kv_cache import activation_reserve_bytes, kv_block_bytes, num_kv_blocks_for_memory
+from ember.inference.kv_cache import (activation_reserve_bytes, kv_block_bytes, kv_blocks_to_allocate,
+                                     num_kv_blocks_for_memory)
 
 GIB = 2**30
 
@@ -28,3 +29,10 @@ def test_activation_reserve_covers_the_logits_of_every_slot_and_a_full_prefill()
     assert longer_prefill > small
     assert small > 256 * 151936 * 2  # at least the bf16 logits themselves
     assert kv_block_bytes(24, 16, 2, 64, torch.bfloat16) == 2 * 24 * 16 * 2 * 64 * 2
+
+
+def test_the_cache_holds_what_max_num_seqs_full_sequences_can_use_and_no_more():
+    # 256 sequences of at most 10 blocks: 2560 blocks whatever the memory would allow.
+    assert kv_blocks_to_allocate(256, 10, fit_in_memory=100_000) == 2560
+    assert kv_blocks_to_allocate(256, 10, fit_in_memory=1000) == 1000  # memory is the bound
+    assert kv_blocks_to_allocate(256, 10) == 2560  # no memory bound (CPU)
