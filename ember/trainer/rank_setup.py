@@ -94,22 +94,22 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
     """The engine for `role`: Megatron when the role's `megatron` section is given (its strategy
     is megatron), else FSDP2. The speed switches come from wherever the caller's config keeps
     them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT; compiling
-    from `actor.use_torch_compile`); the Megatron engine computes on padded batches and takes
-    none of them. `nla`: NLA's options (injection_mode of the actor and the reference;
+    from `actor.use_torch_compile`); the Megatron engine takes `use_remove_padding` alone (packed
+    rows in megatron-core's THD format). `nla`: NLA's options (injection_mode of the actor and the reference;
     output_layer_index and truncate_at_layer of a reconstructor), which both engines take."""
     if megatron is not None:
         from ember.engines.megatron.engine import MegatronEngine
         from ember.engines.megatron.options import megatron_options
 
-        ignored = [name for name, on in (("use_remove_padding", use_remove_padding), ("use_fused_kernels", use_fused_kernels),
-                                         ("use_torch_compile", compile_layers)) if on]
+        switches = (("use_fused_kernels", use_fused_kernels), ("use_torch_compile", compile_layers))
+        ignored = [name for name, on in switches if on]
         if ignored:
-            logger.info("%s on strategy megatron: %s do not apply (it runs padded micro-batches or token budgets)",
-                        role, ", ".join(ignored))
+            logger.info("%s on strategy megatron: %s do not apply (its LM head fuses log-probs at TP = 1 anyway; "
+                        "it compiles no layers)", role, ", ".join(ignored))
         if getattr(model_cfg, "override_config", None):
             logger.warning("%s on strategy megatron: model.override_config is not applied; set the fields in "
                            "megatron.override_model_config (HF config) or override_transformer_config", role)
-        return MegatronEngine(megatron_options(model_path, role, megatron, optim, **nla))
+        return MegatronEngine(megatron_options(model_path, role, megatron, optim, use_remove_padding, **nla))
     return FSDPEngine(EngineOptions(
         model_path=model_path, role=role, model_dtype=fsdp_config.model_dtype,
         param_dtype=compute_dtype(model_cfg.dtype), attn_implementation=model_cfg.attn_implementation,

@@ -4,7 +4,8 @@ rounding (1e-5), not to bf16's 0.05. Each layout runs megatron-core's own collec
 all-reduces and the vocabulary-parallel log-probs (TP 2), pipeline sends and receives with variable shapes (PP 2),
 the interleaved schedule (PP 2 × virtual 2) and gradient reduction over data-parallel ranks (DP 2). (Expert
 parallelism stays on the GPU file: megatron-core's MoE path reaches Transformer Engine and CUDA kernels the
-stand-ins do not cover.) A checkpoint saved at DP 2 resumes at DP 1 with the same next update; one saved
+stand-ins do not cover.) Packed rows (`use_remove_padding`) at TP 2 and at PP 2 with token budgets give the padded
+one-process update too. A checkpoint saved at DP 2 resumes at DP 1 with the same next update; one saved
 at TP 2 is refused at TP 1, naming the sizes (the optimizer state reshards over data-parallel ranks only)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 from fixtures import make_tiny_model_dir
+from fsdp_engine_worker import make_batch
 from two_ranks import worker_environment
 
 pytest.importorskip("megatron.core")
@@ -23,6 +25,7 @@ pytest.importorskip("mbridge")
 
 WORKER = Path(__file__).with_name("megatron_layout_parity_worker.py")
 TOLERANCE = 1e-5
+SAMPLES = 8  # the worker's batch: make_batch(samples=8)
 
 
 def launch(model_dir: str, out_file: Path, processes: int, *options: str, check: bool = True):
@@ -36,8 +39,10 @@ def launch(model_dir: str, out_file: Path, processes: int, *options: str, check:
 
 
 def assert_same_update(got: dict, expected: dict) -> None:
+    """The same log-probs (of response tokens: a packed run leaves zeros elsewhere) before and after one update."""
+    mask = make_batch(samples=SAMPLES).response_mask.bool()
     for key in ("before", "after"):
-        torch.testing.assert_close(got[key], expected[key], atol=TOLERANCE, rtol=0, msg=key)
+        torch.testing.assert_close(got[key][mask], expected[key][mask], atol=TOLERANCE, rtol=0, msg=key)
     assert got["metrics"]["loss"] == pytest.approx(expected["metrics"]["loss"], abs=TOLERANCE)
     assert got["metrics"]["grad_norm"] == pytest.approx(expected["metrics"]["grad_norm"], rel=TOLERANCE)
     assert (got["after"] - got["before"]).abs().max() > 0.1  # the update moved the log-probs
@@ -53,7 +58,9 @@ def dense(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [["--tp", "2", "--no-sequence-parallel"], ["--pp", "2"], ["--pp", "2", "--vpp", "2"],
-                                    []], ids=["tp2", "pp2", "pp2_vpp2", "dp2"])
+                                    [], ["--tp", "2", "--no-sequence-parallel", "--packed"],
+                                    ["--pp", "2", "--packed", "--max-token-len", "20"]],
+                         ids=["tp2", "pp2", "pp2_vpp2", "dp2", "tp2_packed", "pp2_packed_budget"])
 def test_each_layout_gives_the_one_process_update(dense, tmp_path, layout):
     model_dir, one = dense
     assert_same_update(launch(model_dir, tmp_path / "two.pt", 2, *layout), one)

@@ -44,3 +44,22 @@ def test_a_length_that_is_neither_the_sequence_nor_a_slice_stops(monkeypatch):
     with_tp_rank(monkeypatch, 0, 2)
     with pytest.raises(ValueError, match="5 sequence positions for a micro-batch of 12 with tensor parallel size 2"):
         _sequence_slice(torch.zeros(2, 12, dtype=torch.bool), torch.zeros(0, 4), 5)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_a_packed_row_hands_each_rank_the_vectors_of_its_own_tokens(monkeypatch, world):
+    """One row holds every sample's tokens (`use_remove_padding`): vectors go by token, not by row."""
+    length, hidden = 16, 4
+    mask = torch.zeros(1, length, dtype=torch.bool)
+    mask[0, [1, 5, 6, 13]] = True  # four samples' marker tokens, rank 0 holding two of them at world 2
+    vectors = torch.arange(4 * hidden, dtype=torch.float32).reshape(4, hidden) + 100
+    embeddings = torch.randn(1, length, hidden)
+    whole = rewrite_embeddings(embeddings, mask, vectors, "add")
+    part = length // world
+    pieces = []
+    for rank in range(world):
+        with_tp_rank(monkeypatch, rank, world)
+        local_mask, local_vectors = _sequence_slice(mask, vectors, part)
+        local_embeddings = embeddings[:, rank * part:(rank + 1) * part]
+        pieces.append(rewrite_embeddings(local_embeddings, local_mask, local_vectors, "add"))
+    assert torch.equal(torch.cat(pieces, dim=1), whole)

@@ -7,6 +7,12 @@ does not have. This module takes its place in the layer spec: the same inputs ([
 head_dim] query, key and value; ember's boolean mask, True = masked), one
 `scaled_dot_product_attention` call (grouped-query heads passed through), no [s, s] scores
 kept for backward.
+
+Packed rows (megatron-core's THD format, `model_inputs.py`): megatron-core hands the query, key and
+value as [t, heads, head_dim] with `packed_seq_params` naming the sequences. Each sequence attends
+causally to itself alone: on CUDA in bf16/fp16 through the flash varlen kernel the FSDP2 engine's packed
+rows use (`engines/varlen_attention.py`, grouped-query heads as it passes them), elsewhere (a CPU, fp32)
+one causal SDPA call per sequence, the reference the kernel is checked against.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ import math
 
 import torch
 from torch import Tensor
+
+from ember.engines.varlen_attention import varlen_attention_forward, varlen_available
 
 
 def sdpa_core_attention_class():
@@ -39,7 +47,7 @@ def sdpa_core_attention_class():
         def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
                     attn_mask_type=None, attention_bias=None, packed_seq_params=None) -> Tensor:
             if packed_seq_params is not None:
-                raise ValueError("packed sequences need Transformer Engine's attention (megatron-core's THD format)")
+                return self._packed(query, key, value, packed_seq_params)
             # [s, b, heads, dim] -> [b, heads, s, dim]
             q, k, v = (tensor.permute(1, 2, 0, 3) for tensor in (query, key, value))
             keep = None if attention_mask is None else ~attention_mask
@@ -50,5 +58,30 @@ def sdpa_core_attention_class():
             # [b, heads, s, dim] -> [s, b, heads * dim]
             batch, heads, length, dim = context.shape
             return context.permute(2, 0, 1, 3).reshape(length, batch, heads * dim)
+
+        def _packed(self, query: Tensor, key: Tensor, value: Tensor, packed_seq_params) -> Tensor:
+            """[t, heads, dim] packed queries, keys and values -> [t, heads * dim], each sequence of
+            `packed_seq_params.cu_seqlens_q` attending causally to itself."""
+            if packed_seq_params.qkv_format != "thd":
+                raise ValueError(f"packed sequences in format {packed_seq_params.qkv_format!r}: ember's core attention "
+                                 "takes megatron-core's 'thd' format only")
+            dropout = self.dropout if self.training else 0.0
+            cu_seqlens = packed_seq_params.cu_seqlens_q
+            if query.is_cuda and query.dtype in (torch.bfloat16, torch.float16) and varlen_available():
+                # The kernel's layout: (1, heads, t, dim) in, (1, t, heads, dim) out.
+                context, _ = varlen_attention_forward(
+                    self, *(tensor.transpose(0, 1).unsqueeze(0) for tensor in (query, key, value)), None,
+                    dropout=dropout, scaling=self.scale, cu_seq_lens_q=cu_seqlens,
+                    max_length_q=packed_seq_params.max_seqlen_q)
+                return context.reshape(query.shape[0], -1)
+            bounds = cu_seqlens.tolist()
+            contexts = []
+            for start, end in zip(bounds, bounds[1:]):
+                # [length, heads, dim] -> [1, heads, length, dim]
+                q, k, v = (tensor[start:end].transpose(0, 1).unsqueeze(0) for tensor in (query, key, value))
+                context = torch.nn.functional.scaled_dot_product_attention(
+                    q, k, v, is_causal=True, dropout_p=dropout, scale=self.scale, enable_gqa=q.shape[1] != k.shape[1])
+                contexts.append(context[0].transpose(0, 1).reshape(end - start, -1))
+            return torch.cat(contexts)
 
     return SDPACoreAttention

@@ -23,7 +23,10 @@ each sample's last token instead of log-probs, read by a hook, the LM head skipp
 parameters the prediction does not reach frozen (`reconstructor.py`).
 
 Attention runs on the padded batch with an explicit mask (causal, and no real token
-attends padding), so left-padded prompts compute what an unpadded forward computes.
+attends padding), so left-padded prompts compute what an unpadded forward computes; with
+`use_remove_padding` each micro-batch's real tokens go through the model as one packed row in
+megatron-core's THD format instead (`model_inputs.py`), for every role, pipeline schedule, token
+budget and tensor-parallel size, and the outputs come back to the [b, R] layout.
 
 Between phases, `param_offload`, `grad_offload` and `optimizer_offload` leave parameters,
 gradients and optimizer state in CPU memory (`offload.py`: storages emptied and refilled in
@@ -55,14 +58,14 @@ from ember.engines.megatron.bridge import (build_model_chunks, hf_named_weights,
 from ember.engines.megatron.checkpoint import checkpoint_problem, export_hf, load_checkpoint, save_checkpoint
 from ember.engines.megatron.injection import injecting
 from ember.engines.megatron.log_probs import vocab_parallel_log_probs
+from ember.engines.megatron.model_inputs import ModelInputs, model_inputs
 from ember.engines.megatron.offload import MegatronOffload
 from ember.engines.megatron.options import (MegatronOptions, checked_overrides, field_names, import_megatron,
                                            layout_settings, resolved_for_megatron_core)
 from ember.engines.megatron.parallel import initialize_layout
-from ember.engines.megatron.reconstructor import (check_layout, cut_model_overrides, freeze_unreached, predicting,
-                                                  prediction_module)
+from ember.engines.megatron.reconstructor import (check_layout, cut_model_overrides, freeze_unreached, last_token_index,
+                                                  predicting, prediction_module)
 from ember.engines.megatron.value_head import attach_value_head
-from ember.engines.micro_batches import pad_prompt_columns
 from ember.engines.optim import lr_multiplier
 from ember.errors import UserError
 from ember.models.loading import resolve_dtype
@@ -180,63 +183,69 @@ class MegatronEngine(TrainEngine):
         count = len(micros)
 
         def forward_step(data_iterator, model):
-            micro = next(data_iterator)
+            inputs = next(data_iterator)
+            micro = inputs.micro
             head = _output_layer(model)
             log_probs = self.options.role in _LOG_PROB_ROLES
             fused = head is not None and self.options.tensor_model_parallel_size == 1 and log_probs
             if self.is_reconstructor:
-                head_forward = predicting(head, self.prediction_module, micro.attention_mask,
-                                          self.config.sequence_parallel)
+                last_tokens = last_token_index(micro, packed=inputs.packing is not None)
+                head_forward = predicting(head, self.prediction_module, last_tokens, self.config.sequence_parallel)
             else:
-                head_forward = _fused_head(head, micro, temperature, compute_entropy, entropy_grad) if fused \
+                head_forward = _fused_head(head, inputs, temperature, compute_entropy, entropy_grad) if fused \
                     else nullcontext()
-            injection = injecting(model, micro, mode=self.options.injection_mode) if log_probs else nullcontext()
+            injection = injecting(model, micro, mode=self.options.injection_mode,
+                                  packed_length=inputs.packed_length) if log_probs else nullcontext()
             with head_forward, injection:
-                output = model(input_ids=micro.input_ids, position_ids=micro.position_ids,
-                               attention_mask=_attention_mask(micro.attention_mask))
-            return output, partial(self._loss, micro, loss_fn, context, count, compute_entropy, temperature,
+                output = model(**inputs.arguments)
+            return output, partial(self._loss, inputs, loss_fn, context, count, compute_entropy, temperature,
                                    entropy_grad, fused)
 
-        if self.config.sequence_parallel:  # each tensor-parallel rank holds an equal share of the sequence
-            micros = [pad_prompt_columns(micro, self.options.tensor_model_parallel_size) for micro in micros]
-        width = max(len(micro) for micro in micros)
-        on_device = [micro.to(self.device) for micro in micros]
+        # Sequence parallelism: each tensor-parallel rank holds an equal share of the sequence.
+        multiple = self.options.tensor_model_parallel_size if self.config.sequence_parallel else 1
+        inputs = [model_inputs(micro.to(self.device), self.options.use_remove_padding, multiple) for micro in micros]
+        shapes = [item.arguments["input_ids"].shape for item in inputs]
         # The interleaved schedule (virtual stages) takes one iterator per model chunk, each over every micro-batch.
-        data = [iter(on_device) for _ in self.chunks] if len(self.chunks) > 1 else iter(on_device)
+        data = [iter(inputs) for _ in self.chunks] if len(self.chunks) > 1 else iter(inputs)
         return get_forward_backward_func()(
             forward_step_func=forward_step, data_iterator=data,
             model=self.chunks if len(self.chunks) > 1 else self.chunks[0], num_microbatches=count,
-            seq_length=max(micro.input_ids.shape[1] for micro in micros), micro_batch_size=width,
+            seq_length=max(shape[1] for shape in shapes), micro_batch_size=max(shape[0] for shape in shapes),
             forward_only=forward_only)
 
-    def _loss(self, micro: Batch, loss_fn: LossFn | None, context: LossContext | None, count: int,
+    def _loss(self, inputs: ModelInputs, loss_fn: LossFn | None, context: LossContext | None, count: int,
               compute_entropy: bool, temperature: float, entropy_grad: bool, fused: bool, model_output: Tensor):
         """The schedule's loss function for one micro-batch: (loss to backpropagate, reported dict)."""
-        output = self._outputs(micro, model_output, compute_entropy, temperature, entropy_grad, fused)
+        output = self._outputs(inputs, model_output, compute_entropy, temperature, entropy_grad, fused)
         if loss_fn is None:
             return torch.zeros((), device=model_output.device), {"output": output}
-        loss, metrics = loss_fn(output, micro, context)
+        loss, metrics = loss_fn(output, inputs.micro, context)
         # The schedule divides by the micro-batch count; DDP averages over data-parallel ranks.
         return loss * context.dp_size * count, {"loss_share": loss.detach(), **metrics}
 
-    def _outputs(self, micro: Batch, model_output: Tensor, compute_entropy: bool, temperature: float,
+    def _outputs(self, inputs: ModelInputs, model_output: Tensor, compute_entropy: bool, temperature: float,
                  entropy_grad: bool, fused: bool) -> ModelOutput:
-        """The micro-batch's ModelOutput from what the model returned: a critic's [b, P+R, 1] values
-        (the value before response token i sits at P-1+i), a reconstructor's [b, 1, H] predictions, the
-        fused head's [b, R, 1 or 2] log-prob (and entropy), or vocabulary-parallel logits [b, P+R, V/TP]."""
+        """The micro-batch's ModelOutput from what the model returned (batch-first; one row when packed): a
+        critic's values [b, s, 1] (the value before response token i sits at P-1+i), a reconstructor's [b, 1, H]
+        predictions, the fused head's [b, R, 1 or 2] log-prob (and entropy), or vocabulary-parallel logits
+        [b, s, V/TP]; per-token outputs in the micro-batch's [b, R] layout (`ModelInputs.to_response_layout`)."""
         from megatron.core import parallel_state as mpu
 
+        micro, positions = inputs.micro, inputs.prediction_positions
         if self.is_reconstructor:
             return ModelOutput(predictions=model_output[:, 0].float())
         if self.is_critic:
-            return ModelOutput(values=model_output[:, micro.response_prediction_positions, 0].float() * micro.response_mask)
+            values = inputs.to_response_layout(model_output[:, positions, 0].float())
+            return ModelOutput(values=values * micro.response_mask)
         if fused:
-            return ModelOutput(log_probs=model_output[..., 0], entropy=model_output[..., 1] if compute_entropy else None)
-        response_logits = model_output[:, micro.response_prediction_positions] / temperature
-        vocab_start = mpu.get_tensor_model_parallel_rank() * model_output.shape[-1]
-        log_probs, entropy = vocab_parallel_log_probs(response_logits, micro.responses, self.tp_group, vocab_start,
-                                                      compute_entropy=compute_entropy, entropy_grad=entropy_grad)
-        return ModelOutput(log_probs=log_probs, entropy=entropy)
+            log_probs, entropy = model_output[..., 0], model_output[..., 1] if compute_entropy else None
+        else:
+            response_logits = model_output[:, positions] / temperature
+            vocab_start = mpu.get_tensor_model_parallel_rank() * model_output.shape[-1]
+            log_probs, entropy = vocab_parallel_log_probs(response_logits, inputs.targets, self.tp_group, vocab_start,
+                                                          compute_entropy=compute_entropy, entropy_grad=entropy_grad)
+        return ModelOutput(log_probs=inputs.to_response_layout(log_probs),
+                           entropy=None if entropy is None else inputs.to_response_layout(entropy))
 
     def forward(self, batch: Batch, micro_batch_size: int | MicroBatchSpec, *, compute_entropy: bool = False,
                 temperature: float = 1.0) -> ModelOutput:
@@ -382,16 +391,16 @@ def _output_layer(chunk: nn.Module) -> nn.Module | None:
     return getattr(chunk, "output_layer", None) if getattr(chunk, "post_process", False) else None
 
 
-def _fused_head(head: nn.Module, micro: Batch, temperature: float, compute_entropy: bool, entropy_grad: bool):
+def _fused_head(head: nn.Module, inputs: ModelInputs, temperature: float, compute_entropy: bool, entropy_grad: bool):
     """For one forward, the LM head computes the response tokens' log-probs (and entropy) from the
     hidden states chunk by chunk (`engines/fused_log_probs.py`) instead of logits: the [tokens ×
     vocabulary] logits of the whole sequence never exist. At TP = 1 the head holds the whole
     vocabulary, so the fused computation is exact; the weight's gradient reaches DDP as usual."""
-    positions = micro.response_prediction_positions
-    targets = micro.responses.transpose(0, 1)  # [R, b], sequence-first as megatron-core's hidden states
+    positions = inputs.prediction_positions
+    targets = inputs.targets.transpose(0, 1)  # sequence-first as megatron-core's hidden states: [R, b] or [N, 1]
 
     def log_probs_instead_of_logits(hidden: Tensor, weight: Tensor | None = None, runtime_gather_output=None):
-        hidden = hidden[positions]  # [R, b, H]
+        hidden = hidden[positions]  # [R, b, H] or [N, 1, H]
         log_probs, entropy = fused_log_probs(
             hidden.reshape(-1, hidden.shape[-1]), head.weight if weight is None else weight, targets.reshape(-1),
             temperature=temperature, compute_entropy=compute_entropy, entropy_grad=entropy_grad)
@@ -399,17 +408,3 @@ def _fused_head(head: nn.Module, micro: Batch, temperature: float, compute_entro
         return stacked.reshape(*targets.shape, -1), None
 
     return replaced_forward(head, log_probs_instead_of_logits)
-
-
-def _attention_mask(attention_mask: Tensor) -> Tensor:
-    """megatron-core's [b, 1, s, s] boolean mask (True = masked): causal, and no padding key.
-
-    Every position also sees itself, so that a padding query (before a left-padded prompt)
-    has one key: a row with none would be NaN in fused attention, and its NaN gradient would
-    reach every key in backward. Real tokens see themselves anyway.
-    """
-    length = attention_mask.shape[1]
-    causal = torch.ones(length, length, dtype=torch.bool, device=attention_mask.device).tril()
-    itself = torch.eye(length, dtype=torch.bool, device=attention_mask.device)
-    allowed = causal.unsqueeze(0) & (attention_mask.bool().unsqueeze(1) | itself)
-    return ~allowed.unsqueeze(1)

@@ -52,6 +52,8 @@ class MegatronOptions:
     optimizer_offload: bool = False
     seed: int = 42
     """Seed of megatron-core's model-parallel random-number tracker."""
+    use_remove_padding: bool = False
+    """Run each micro-batch on its real tokens only, in one row (megatron-core's THD format, `model_inputs.py`)."""
     override_transformer_config: dict[str, Any] = field(default_factory=dict)
     """TransformerConfig fields set as given (recompute_method, recompute_granularity, ...)."""
     override_ddp_config: dict[str, Any] = field(default_factory=dict)
@@ -86,10 +88,11 @@ class MegatronOptions:
 
 
 def megatron_options(model_path: str, role: str, megatron_cfg, optim: OptimOptions | None,
-                     injection_mode: str = "replace", output_layer_index: int | None = None,
-                     truncate_at_layer: int | None = None) -> MegatronOptions:
-    """MegatronOptions from a role's `megatron` config section (ember/config/schema/megatron.py) and, in
-    an NLA run, `nla.injection.mode` (actor, reference) or the reconstructor's layer index and cut."""
+                     use_remove_padding: bool = False, injection_mode: str = "replace",
+                     output_layer_index: int | None = None, truncate_at_layer: int | None = None) -> MegatronOptions:
+    """MegatronOptions from a role's `megatron` config section (ember/config/schema/megatron.py), its model
+    section's `use_remove_padding` and, in an NLA run, `nla.injection.mode` (actor, reference) or the
+    reconstructor's layer index and cut."""
     return MegatronOptions(
         model_path=model_path, role=role,
         tensor_model_parallel_size=megatron_cfg.tensor_model_parallel_size,
@@ -102,7 +105,8 @@ def megatron_options(model_path: str, role: str, megatron_cfg, optim: OptimOptio
         use_distributed_optimizer=megatron_cfg.use_distributed_optimizer,
         param_dtype=megatron_cfg.param_dtype, param_offload=megatron_cfg.param_offload,
         grad_offload=megatron_cfg.grad_offload, optimizer_offload=megatron_cfg.optimizer_offload,
-        seed=megatron_cfg.seed, override_transformer_config=dict(megatron_cfg.override_transformer_config or {}),
+        seed=megatron_cfg.seed, use_remove_padding=use_remove_padding,
+        override_transformer_config=dict(megatron_cfg.override_transformer_config or {}),
         override_ddp_config=dict(megatron_cfg.override_ddp_config or {}),
         override_model_config=dict(megatron_cfg.override_model_config or {}),
         optim=optim or OptimOptions(), injection_mode=injection_mode, output_layer_index=output_layer_index,

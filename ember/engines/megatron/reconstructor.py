@@ -16,6 +16,9 @@ parameters: they get no gradient buffer, no Adam state and no weight decay (an o
 holding them would decay them on zero gradients every step), and a checkpoint's optimizer
 state is the trained parameters' alone, as with FSDP2 (`trained_parameters`).
 
+Packed micro-batches (`use_remove_padding`) work alike: the hooked output is then the packed row
+[T, 1, H], and each sample's last token sits at the end of its sequence in it (`last_token_index`).
+
 The layers above L still run in each forward (their outputs feed nothing); a model cut with
 `truncate_at_layer` does not build them. Limits: one pipeline stage and no context
 parallelism (the read layer, the head and every token on one rank), and full recompute only
@@ -33,8 +36,9 @@ from torch import Tensor, nn
 from ember.engines.log_probs import replaced_forward
 from ember.config.nla_rules import megatron_reconstructor_layout_error
 from ember.errors import UserError
+from ember.data.batch import Batch
 from ember.models.reconstructor import (FULL_LAYERS_KEY, full_layer_count, hidden_state_index, last_token_columns,
-                                         truncated_config)
+                                         last_token_rows, truncated_config)
 
 
 def check_layout(pipeline_size: int, context_size: int, recompute_granularity: str | None,
@@ -90,14 +94,23 @@ def freeze_unreached(model: nn.Module, module: nn.Module) -> None:
         parameter.requires_grad_(id(parameter) in kept)
 
 
+def last_token_index(batch: Batch, packed: bool) -> tuple[Tensor, Tensor]:
+    """(sequence positions, batch columns) of each sample's last real token in megatron-core's sequence-first
+    output: [s, b, H] padded, or the packed row [T, 1, H] (`model_inputs.py`)."""
+    if packed:
+        rows = last_token_rows(batch, packed=True)
+        return rows, torch.zeros_like(rows)
+    return last_token_columns(batch.attention_mask), torch.arange(len(batch), device=batch.attention_mask.device)
+
+
 @contextmanager
-def predicting(head: nn.Module, module: nn.Module, attention_mask: Tensor, sequence_parallel: bool) -> Iterator[None]:
-    """For one forward, `head` (the LM head) returns `module`'s output at each sample's last real token,
-    [1, b, H], instead of logits. Under sequence parallelism the output is gathered first; its backward
-    keeps each rank's slice (every tensor-parallel rank computes the same loss), as the value head does."""
+def predicting(head: nn.Module, module: nn.Module, last_tokens: tuple[Tensor, Tensor],
+               sequence_parallel: bool) -> Iterator[None]:
+    """For one forward, `head` (the LM head) returns `module`'s output at each sample's last real token
+    (`last_token_index`), [1, b, H], instead of logits. Under sequence parallelism the output is gathered
+    first; its backward keeps each rank's slice (every tensor-parallel rank computes the same loss), as the
+    value head does."""
     captured: list[Tensor] = []
-    last = last_token_columns(attention_mask)
-    samples = torch.arange(attention_mask.shape[0], device=attention_mask.device)
 
     def keep(_module: nn.Module, _args, output) -> None:
         captured.append(output[0] if isinstance(output, tuple) else output)
@@ -108,7 +121,7 @@ def predicting(head: nn.Module, module: nn.Module, attention_mask: Tensor, seque
             from megatron.core import tensor_parallel
 
             read = tensor_parallel.gather_from_sequence_parallel_region(read, tensor_parallel_output_grad=False)
-        return read[last, samples].unsqueeze(0), None
+        return read[last_tokens].unsqueeze(0), None
 
     handle = module.register_forward_hook(keep)
     try:
