@@ -18,10 +18,11 @@ fused` (`use_fused_kernels`), and rows on top of the last: without gradient chec
 with parameter and optimizer offload (`engine.offload()` after each step, `onload()` before
 it, both inside the timed step), with FSDP2's CPU offload policy (`offload_policy`), and
 with compiled decoder layers (`use_torch_compile`), with and without gradient checkpointing.
-The last three need an accelerator and are left out on CPU, as are the Megatron rows at the end
+The last three need an accelerator and are left out on CPU, as are the Megatron rows
 (`strategy=megatron` at TP = PP = 1: megatron-core's DDP and distributed optimizer, bf16
 parameters with fp32 master weights in the optimizer, padded micro-batches or a token budget,
-full recompute as its gradient checkpointing).
+full recompute as its gradient checkpointing; the last two rows pack each token-budget
+micro-batch into one row, `use_remove_padding`, megatron-core's THD format).
 
 Columns: tokens/s counts real (non-pad) prompt and response tokens over the timed steps;
 `padding` is the share of the positions the model runs over that are padding; peak memory
@@ -172,6 +173,9 @@ SETTINGS = (
     Setting("megatron TP=1, dynamic bsz", megatron=True, dynamic_bsz=True),
     Setting("megatron TP=1, dynamic bsz, no recompute", megatron=True, dynamic_bsz=True, gradient_checkpointing=False),
     replace(ALL_ON, name=ALL_ON.name + ", MoE experts as a per-expert loop", expert_loop=True),
+    Setting("megatron TP=1, packing + dynamic bsz", megatron=True, remove_padding=True, dynamic_bsz=True),
+    Setting("megatron TP=1, packing + dynamic bsz, no recompute", megatron=True, remove_padding=True,
+            dynamic_bsz=True, gradient_checkpointing=False),
 )
 BASELINE, UNFUSED = SETTINGS[0].name, SETTINGS[3].name  # the rows the speed-up and the fused saving compare with
 
@@ -251,8 +255,8 @@ def build_actor(model_dir: str, setting: Setting, workload: TrainWorkload, optio
 
 
 def megatron_engine(model_dir: str, setting: Setting, options: RunOptions):
-    """The Megatron engine at TP = PP = 1 with the distributed optimizer; gradient checkpointing as
-    megatron-core's full recompute of every layer."""
+    """The Megatron engine at TP = PP = 1 with the distributed optimizer, packed where the setting packs;
+    gradient checkpointing as megatron-core's full recompute of every layer."""
     from ember.engines.megatron.engine import MegatronEngine
     from ember.engines.megatron.options import MegatronOptions
 
@@ -260,7 +264,7 @@ def megatron_engine(model_dir: str, setting: Setting, options: RunOptions):
                  if setting.gradient_checkpointing else {})
     return MegatronEngine(MegatronOptions(model_path=model_dir, role="actor", param_dtype=options.compute_dtype,
                                           seed=options.seed, override_transformer_config=recompute,
-                                          optim=OptimOptions()))
+                                          use_remove_padding=setting.remove_padding, optim=OptimOptions()))
 
 
 def run_setting(setting: Setting, workload: TrainWorkload, model_dir: str, batches: list[Batch], vocab_size: int,

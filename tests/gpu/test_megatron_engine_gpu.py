@@ -18,6 +18,7 @@ from integration.fsdp_engine_worker import (
 )
 from transformers import AutoModelForCausalLM
 
+from ember.engines.base import TrainEngine
 from ember.engines.fsdp.engine import FSDPEngine
 from ember.engines.optim import OptimOptions
 
@@ -36,9 +37,10 @@ def megatron_engine(model_dir: str, role: str = "actor", **overrides) -> Megatro
                                           **overrides))
 
 
-def assert_log_probs_and_one_update_match(fsdp: FSDPEngine, megatron: MegatronEngine, batch) -> torch.Tensor:
+def assert_log_probs_and_one_update_match(fsdp: TrainEngine, megatron: MegatronEngine, batch) -> torch.Tensor:
     """Log-probs, entropy, one update's loss and grad norm, and the log-probs after it: the Megatron engine's
-    equal the FSDP2 engine's on the same weights (bf16 tolerance); returns the Megatron engine's new log-probs."""
+    equal the FSDP2 engine's (or another reference engine's) on the same weights (bf16 tolerance); returns the
+    Megatron engine's new log-probs."""
     mask = batch.response_mask.bool()
     expected = fsdp.forward(batch, micro_batch_size=4, compute_entropy=True)
     got = megatron.forward(batch, micro_batch_size=4, compute_entropy=True)
@@ -61,6 +63,28 @@ def test_log_probs_and_one_update_match_the_fsdp_engine(tmp_path):
     model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
     fsdp = FSDPEngine(engine_options(model_dir, param_dtype="bfloat16", optim=GRADIENT_REVEALING_OPTIM))
     assert_log_probs_and_one_update_match(fsdp, megatron_engine(model_dir), make_batch(samples=8))
+
+
+def test_packed_rows_give_the_padded_log_probs_and_update(tmp_path, monkeypatch):
+    """use_remove_padding: each micro-batch one THD row through the flash varlen kernel (ember's core attention)
+    against the padded micro-batches' masked SDPA, on the same weights in bf16. The kernels round differently,
+    so the padded-vs-FSDP2 tolerances apply (0.05 nats, 0.1 after the update; grad norm 5 %). On a CPU in fp32
+    the two agree to 1e-5 (tests/integration/test_megatron_packed_cpu.py)."""
+    from ember.engines.base import MicroBatchSpec
+    from ember.engines.megatron import attention
+
+    flash_calls = []
+    kernel = attention.varlen_attention_forward
+    monkeypatch.setattr(attention, "varlen_attention_forward",
+                        lambda *args, **kwargs: flash_calls.append(1) or kernel(*args, **kwargs))
+    model_dir = make_model_dir("qwen2", str(tmp_path / "model"))
+    batch = make_batch(samples=8)
+    packed = megatron_engine(model_dir, use_remove_padding=True)
+    after = assert_log_probs_and_one_update_match(megatron_engine(model_dir), packed, batch)
+    assert flash_calls  # the packed rows reached the varlen kernel
+    budget = packed.forward(batch, MicroBatchSpec(max_token_len=24)).log_probs
+    mask = batch.response_mask.bool()
+    torch.testing.assert_close(budget[mask], after[mask], atol=TOLERANCE, rtol=0)
 
 
 def test_micro_batch_size_and_token_budget_give_the_same_update(tmp_path):
