@@ -40,6 +40,15 @@ from ember.rollout.base import INJECTION_MODES, Injection, SamplingParams
 
 GRAPHS_KEPT_OVER_SLEEP_BYTES = 1 << 30
 """Captured decode graphs whose memory pool is at most this stay through `free_kv_cache` (sleep)."""
+KV_CACHE_KEPT_OVER_SLEEP_FRACTION = 0.02
+"""A KV cache of at most this fraction of the accelerator's memory stays through `free_kv_cache` (sleep)."""
+
+
+def keeps_kv_cache_over_sleep(cache_bytes: int, device_total_bytes: int) -> bool:
+    """Whether sleep keeps a KV cache of `cache_bytes`: a small cache (a short-answer task's, sized by
+    `kv_blocks_to_allocate`) is worth less to training than freeing it costs every step (the
+    allocator's cache emptied at sleep and at wake, the cache allocated and zeroed again)."""
+    return cache_bytes <= KV_CACHE_KEPT_OVER_SLEEP_FRACTION * device_total_bytes
 
 
 class LLMEngine:
@@ -240,12 +249,17 @@ class LLMEngine:
 
     def free_kv_cache(self) -> None:
         """Release the KV cache's memory (between rollouts); `generate` is refused until `allocate_kv_cache`.
+        On an accelerator a cache of at most KV_CACHE_KEPT_OVER_SLEEP_FRACTION of its memory is kept
+        (`keeps_kv_cache_over_sleep`), and with it every captured graph.
         Captured graphs are kept when their memory pool is at most GRAPHS_KEPT_OVER_SLEEP_BYTES (it stays
         reserved through training): they replay only after the cache is allocated again, and only if it
         came back at the same address. Larger pools go with the cache, as the graphs' memory is then
         worth more to training than their capture time."""
         if not self.scheduler.is_finished():
             raise RuntimeError("free_kv_cache called while sequences are generating")
+        if self.device.type != "cpu" and keeps_kv_cache_over_sleep(
+                self.kv_cache.nbytes, torch.accelerator.get_memory_info(self.device)[1]):
+            return
         if self.decoder.graph_pool_bytes > GRAPHS_KEPT_OVER_SLEEP_BYTES:
             self.decoder.drop_graphs()
         self.kv_cache.free()

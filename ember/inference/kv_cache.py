@@ -10,6 +10,8 @@ the engine keep CUDA graphs captured over it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -49,6 +51,11 @@ class KVCache:
             return
         storage = torch.zeros((self.num_layers, 2, *self.block_shape), dtype=self.dtype, device=self.device)
         self.layers = [(storage[layer, 0], storage[layer, 1]) for layer in range(self.num_layers)]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the cache takes while allocated (every layer's keys and values, the trash block included)."""
+        return self.num_layers * 2 * math.prod(self.block_shape) * self.dtype.itemsize
 
     @property
     def address(self) -> int | None:

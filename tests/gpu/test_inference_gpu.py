@@ -130,7 +130,24 @@ def test_bf16_rollout_log_probs_match_a_training_forward():
     assert k3 < 1e-3
 
 
-def test_graphs_survive_sleep_unless_the_cache_comes_back_elsewhere_and_tokens_stay_the_same():
+def test_a_small_cache_stays_through_sleep_with_its_graphs_and_tokens_stay_the_same():
+    model = model_of(torch.bfloat16)
+    engine = engine_for(model, torch.bfloat16)
+    sampling = SamplingParams(do_sample=False, max_new_tokens=32, ignore_eos=True)
+    before = [s.generated_token_ids for s in engine.generate(PROMPTS, sampling)]
+    address, graphs = engine.kv_cache.address, dict(engine.decoder.graphs)
+    engine.free_kv_cache()  # the tiny model's cache is far below 2% of the device: kept
+    assert engine.kv_cache.is_allocated and engine.kv_cache.address == address
+    engine.allocate_kv_cache()
+    assert [s.generated_token_ids for s in engine.generate(PROMPTS, sampling)] == before
+    assert engine.decoder.graphs.keys() >= graphs.keys()
+    assert all(engine.decoder.graphs[size] is graph for size, graph in graphs.items())  # none captured again
+
+
+def test_graphs_survive_sleep_unless_the_cache_comes_back_elsewhere_and_tokens_stay_the_same(monkeypatch):
+    import ember.inference.engine
+
+    monkeypatch.setattr(ember.inference.engine, "KV_CACHE_KEPT_OVER_SLEEP_FRACTION", 0.0)  # every cache is freed
     model = model_of(torch.bfloat16)
     engine = engine_for(model, torch.bfloat16)
     sampling = SamplingParams(do_sample=False, max_new_tokens=32, ignore_eos=True)

@@ -36,3 +36,20 @@ def test_the_cache_holds_what_max_num_seqs_full_sequences_can_use_and_no_more():
     assert kv_blocks_to_allocate(256, 10, fit_in_memory=100_000) == 2560
     assert kv_blocks_to_allocate(256, 10, fit_in_memory=1000) == 1000  # memory is the bound
     assert kv_blocks_to_allocate(256, 10) == 2560  # no memory bound (CPU)
+
+
+def test_sleep_keeps_a_cache_of_at_most_two_percent_of_the_device_and_frees_a_larger_one():
+    from ember.inference.engine import keeps_kv_cache_over_sleep
+
+    assert keeps_kv_cache_over_sleep(GIB, 80 * GIB)  # a short-answer task's cache on an 80 GiB device
+    assert keeps_kv_cache_over_sleep(int(1.6 * GIB), 80 * GIB)
+    assert not keeps_kv_cache_over_sleep(2 * GIB, 80 * GIB)
+
+
+def test_the_cache_counts_its_bytes_as_allocated():
+    from ember.inference.kv_cache import KVCache
+
+    cache = KVCache(num_layers=3, num_blocks=5, block_size=4, num_kv_heads=2, head_dim=8, dtype=torch.bfloat16,
+                    device=torch.device("cpu"))
+    allocated = sum(keys.untyped_storage().nbytes() for keys, _ in cache.layers[:1])  # one storage for all layers
+    assert cache.nbytes == allocated == 5 * kv_block_bytes(3, 4, 2, 8, torch.bfloat16)
