@@ -40,7 +40,7 @@ from ember.rollout.base import INJECTION_MODES, Injection, SamplingParams
 
 GRAPHS_KEPT_OVER_SLEEP_BYTES = 1 << 30
 """Captured decode graphs whose memory pool is at most this stay through `free_kv_cache` (sleep)."""
-KV_CACHE_KEPT_OVER_SLEEP_FRACTION = 0.02
+KV_CACHE_KEPT_OVER_SLEEP_FRACTION = 0.05
 """A KV cache of at most this fraction of the accelerator's memory stays through `free_kv_cache` (sleep)."""
 
 

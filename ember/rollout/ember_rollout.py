@@ -4,7 +4,7 @@
 are the HF checkpoint's, as `named_parameters_for_sync` sends them), or, once
 `share_training_weights` is called, takes them as the engine's own storage where layouts
 match. `sleep` frees the KV cache for training and `wake` allocates it again (a cache of at
-most 2% of the accelerator's memory stays: `LLMEngine.free_kv_cache`); the weights stay where
+most 5% of the accelerator's memory stays: `LLMEngine.free_kv_cache`); the weights stay where
 they are.
 """
 
