@@ -59,6 +59,7 @@ from ember.engines.megatron.checkpoint import checkpoint_problem, export_hf, loa
 from ember.engines.megatron.injection import injecting
 from ember.engines.megatron.log_probs import vocab_parallel_log_probs
 from ember.engines.megatron.model_inputs import ModelInputs, model_inputs
+from ember.engines.megatron import packed_rope
 from ember.engines.megatron.offload import MegatronOffload
 from ember.engines.megatron.options import (MegatronOptions, checked_overrides, field_names, import_megatron,
                                            layout_settings, resolved_for_megatron_core)
@@ -100,6 +101,8 @@ class MegatronEngine(TrainEngine):
         hf_overrides = (cut_model_overrides(options.model_path, options.override_model_config, options.truncate_at_layer)
                         if self.is_reconstructor else options.override_model_config)
         self.bridge = load_bridge(options.model_path, self.dtype, overrides, hf_overrides)
+        if options.use_remove_padding and not transformer_engine_available():
+            packed_rope.install()  # packed rows rotated in one pass, not one sequence at a time
         self.config = self.bridge.config
         chunks = build_model_chunks(self.bridge, options.virtual_pipeline_model_parallel_size)
         for chunk in chunks:
