@@ -7,9 +7,9 @@ Packed (`use_remove_padding`): the real tokens of every sample in one row [1, T]
 PackedBatch: position ids restarting per sequence), no mask, and the sequence boundaries as megatron-core's
 THD format, `PackedSeqParams(qkv_format="thd", cu_seqlens_q/kv, max_seqlen_q/kv)`. Two pieces of
 megatron-core read them: its rotary embedding builds tables for `max_seqlen` positions and, with
-`cu_seqlens`, rotates each sequence from position 0 (`_apply_rotary_pos_emb_thd`, the same in
-megatron-core 0.16 and 0.19); the core attention keeps each sequence to itself (ember's `attention.py`,
-or Transformer Engine's). Under sequence parallelism the row is padded at its end to a multiple of the
+`cu_seqlens`, rotates each sequence from position 0 (without Transformer Engine through
+`packed_rope.py`, in one pass over the row); the core attention keeps each sequence to itself (ember's
+`attention.py`, or Transformer Engine's). Under sequence parallelism the row is padded at its end to a multiple of the
 tensor-parallel size (each rank holds an equal slice); the padding is one more sequence in `cu_seqlens`,
 so it attends and rotates apart from the real ones, and no output reads it.
 
