@@ -112,3 +112,25 @@ def in_buckets(named_tensors: Iterable[tuple[str, Tensor]], bucket_bytes: int) -
             bucket, size = [], 0
     if bucket:
         yield bucket
+
+
+def in_dtype_buckets(named_tensors: Iterable[tuple[str, Tensor]], bucket_bytes: int,
+                     dtype: torch.dtype) -> Iterator[list[tuple[str, Tensor]]]:
+    """`in_buckets`, each bucket's tensors in `dtype`: those of another dtype become views of one new
+    buffer per bucket, filled by one foreach copy (a cast per tensor is a launch per tensor, which
+    sets the pace of a small model's weight sync); tensors already in `dtype` pass as they are."""
+    for bucket in in_buckets(named_tensors, bucket_bytes):
+        cast = [index for index, (_, tensor) in enumerate(bucket) if tensor.dtype != dtype]
+        by_device: dict[torch.device, list[int]] = {}
+        for index in cast:
+            by_device.setdefault(bucket[index][1].device, []).append(index)
+        for device, indices in by_device.items():
+            sources = [bucket[index][1] for index in indices]
+            buffer = torch.empty(sum(source.numel() for source in sources), dtype=dtype, device=device)
+            views = [view.view(source.shape) for view, source in
+                     zip(buffer.split([source.numel() for source in sources]), sources)]
+            with torch.no_grad():
+                torch._foreach_copy_(views, sources)
+            for index, view in zip(indices, views):
+                bucket[index] = (bucket[index][0], view)
+        yield bucket

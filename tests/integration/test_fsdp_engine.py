@@ -239,3 +239,29 @@ def test_compile_decoder_layers_compiles_each_layer_forward_and_a_cpu_engine_ign
     assert [name for name, _ in model.named_parameters()] == names
     engine = FSDPEngine(engine_options(model_dir, compile_layers=True))
     assert not any(hasattr(layer.forward, "_torchdynamo_orig_callable") for layer in engine.module().model.layers)
+
+
+@pytest.mark.parametrize("gradient_checkpointing", [False, True])
+def test_one_rank_makes_the_root_the_only_unit_and_updates_as_a_unit_per_layer_does(
+        model_dir, monkeypatch, gradient_checkpointing):
+    """At one rank a FSDP2 unit per decoder layer shards nothing; the root alone is the unit. The
+    update (bf16 compute, fp32 master weights, two micro-batches) is the one per-layer units give."""
+    from torch.distributed.fsdp import FSDPModule
+
+    import ember.engines.fsdp.engine as fsdp_engine
+
+    options = engine_options(model_dir, param_dtype="bfloat16", enable_gradient_checkpointing=gradient_checkpointing)
+    batch = make_batch()
+    root_only = FSDPEngine(options)
+    assert isinstance(root_only.module(), FSDPModule)
+    assert not any(isinstance(layer, FSDPModule) for layer in root_only.module().model.layers)
+    losses = [root_only.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=3)["loss"] for _ in range(2)]
+
+    build = fsdp_engine.build_sharded_model
+    monkeypatch.setattr(fsdp_engine, "build_sharded_model", lambda *a, **kw: build(*a, **{**kw, "shard_layers": True}))
+    per_layer = FSDPEngine(options)
+    assert all(isinstance(layer, FSDPModule) for layer in per_layer.module().model.layers)
+    assert [per_layer.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=3)["loss"] for _ in range(2)] == losses
+    expected = full_weights(per_layer)
+    for name, weight in full_weights(root_only).items():
+        assert torch.equal(weight, expected[name]), name

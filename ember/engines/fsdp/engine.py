@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor
 from ember.data.batch import Batch
 from ember.distributed.device import current_device, device_type, init_distributed, world_size
 from ember.engines.base import LossFn, MicroBatchSpec, ModelOutput, TrainEngine
-from ember.engines.batching import in_buckets, join_outputs, loss_context, micro_batches
+from ember.engines.batching import in_dtype_buckets, join_outputs, loss_context, micro_batches
 from ember.engines.expert_load import ExpertLoad, load_metrics
 from ember.engines.fsdp.checkpoint import checkpoint_problem, export_hf_model, load_checkpoint, save_checkpoint
 from ember.engines.fsdp.model_init import build_sharded_model
@@ -144,6 +144,9 @@ class FSDPEngine(TrainEngine):
             reshard_after_forward=(options.reshard_after_forward and self.dp_size > 1) or options.offload_policy,
             offload_policy=options.offload_policy,
             compile_layers=options.compile_layers and self.device.type != "cpu",
+            # At one rank with the weights on the device a unit per layer shards nothing and costs
+            # host time around every layer: the root is the only unit there.
+            shard_layers=self.dp_size > 1 or options.offload_policy,
             keep_layers=options.truncate_at_layer if options.role == "reconstructor" else None,
             overrides=options.override_config, trust_remote_code=options.trust_remote_code)
         config = self.model.config
@@ -289,9 +292,13 @@ class FSDPEngine(TrainEngine):
         tensors are the live parameters themselves (`syncs_live_parameters`): copy what must
         outlive the next update.
         """
-        dtype = resolve_dtype(self.options.param_dtype)
-        yield from in_buckets(((name, self._full_tensor(parameter.detach()).to(dtype))
-                               for name, parameter in self.model.named_parameters()), bucket_bytes)
+        named = ((name, self._sync_tensor(parameter)) for name, parameter in self.model.named_parameters())
+        yield from in_dtype_buckets(named, bucket_bytes, resolve_dtype(self.options.param_dtype))
+
+    @torch.no_grad()
+    def _sync_tensor(self, parameter: Tensor) -> Tensor:
+        """A parameter's full tensor, detached (without grad mode: DTensor's detach is host time per tensor)."""
+        return self._full_tensor(parameter).detach()
 
     def module(self) -> nn.Module:
         """The FSDP2 module; its parameters are DTensors, and at world size 1 `.to_local()` is the full weight."""

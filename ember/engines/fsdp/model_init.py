@@ -27,12 +27,13 @@ from ember.models.loading import build_model_on_meta, load_model, load_model_con
 def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device, *, value_head: bool,
                         model_dtype: str, param_dtype: str, reduce_dtype: str, attn_implementation: str,
                         gradient_checkpointing: bool, reshard_after_forward: bool,
-                        offload_policy: bool = False, compile_layers: bool = False,
+                        offload_policy: bool = False, compile_layers: bool = False, shard_layers: bool = True,
                         keep_layers: int | None = None, overrides: dict | None = None,
                         trust_remote_code: bool = False) -> PreTrainedModel:
     """The checkpoint at `model_path` as an FSDP2 module whose shards live on `device` (in pinned
     CPU memory with `offload_policy`; buffers such as RoPE tables stay on `device`); with
-    `keep_layers`, only its first decoder layers; `overrides` replace fields of its config."""
+    `keep_layers`, only its first decoder layers; `overrides` replace fields of its config;
+    `shard_layers`: a FSDP2 unit per decoder layer, or the root alone (`parallelize.apply_fsdp`)."""
     config = load_model_config(model_path, value_head=value_head, keep_layers=keep_layers, overrides=overrides,
                                trust_remote_code=trust_remote_code)
     pretrained = None
@@ -45,7 +46,7 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
     parallelize_model(model, mesh, gradient_checkpointing=gradient_checkpointing,
                       param_dtype=resolve_dtype(param_dtype), reduce_dtype=resolve_dtype(reduce_dtype),
                       reshard_after_forward=reshard_after_forward, offload_policy=offload_policy,
-                      compile_layers=compile_layers)
+                      compile_layers=compile_layers, shard_layers=shard_layers)
     model.to_empty(device=device)
     full_state = pretrained.state_dict() if pretrained is not None else {}
     set_model_state_dict(model, full_state,

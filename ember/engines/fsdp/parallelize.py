@@ -7,6 +7,14 @@ tied weights if any, which must share one FSDP group). Each decoder layer is one
 all-gather and reduce-scatter, so at most one layer's full weights is alive at a time
 beside the root's.
 
+With `shard_layers=False` (one rank, weights on the device) the root is the only unit:
+nothing is sharded there, so a unit per layer would only add its hooks (host work before
+and after every layer's forward and backward, which sets the pace of a small model's
+update); the whole model's weights are cast once before forward and its gradients reduced
+once after backward. Memory is the same as per-layer units that keep their weights
+gathered between forward and backward, plus the compute-dtype gradients of the whole
+model until the end of backward.
+
 Mixed precision keeps the sharded (master) parameters in their stored dtype, casts them to
 `param_dtype` when gathered for compute, and reduces gradients in `reduce_dtype`. With
 `offload_policy` (FSDP2's CPUOffloadPolicy) the shards, their gradients and the optimizer
@@ -46,13 +54,13 @@ def apply_activation_checkpointing(model: PreTrainedModel) -> None:
 
 
 def apply_fsdp(model: PreTrainedModel, mesh: DeviceMesh, *, param_dtype: torch.dtype, reduce_dtype: torch.dtype,
-               reshard_after_forward: bool, offload_policy: bool = False) -> None:
-    """Shard every decoder layer, then the root, over `mesh` with the given mixed precision
-    (and the shards in pinned CPU memory with `offload_policy`)."""
+               reshard_after_forward: bool, offload_policy: bool = False, shard_layers: bool = True) -> None:
+    """Shard every decoder layer (unless not `shard_layers`), then the root, over `mesh` with the
+    given mixed precision (and the shards in pinned CPU memory with `offload_policy`)."""
     settings = dict(mesh=mesh, mp_policy=MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype),
                     reshard_after_forward=reshard_after_forward,
                     offload_policy=CPUOffloadPolicy(pin_memory=True) if offload_policy else OffloadPolicy())
-    for layer in decoder_layers(model):
+    for layer in decoder_layers(model) if shard_layers else ():
         fully_shard(layer, **settings)
     fully_shard(model, **settings)
 
@@ -69,12 +77,12 @@ def compile_decoder_layers(model: PreTrainedModel) -> None:
 
 def parallelize_model(model: PreTrainedModel, mesh: DeviceMesh, *, gradient_checkpointing: bool,
                       param_dtype: torch.dtype, reduce_dtype: torch.dtype, reshard_after_forward: bool,
-                      offload_policy: bool = False, compile_layers: bool = False) -> None:
-    """Activation checkpointing (if asked), layer compilation (if asked), then FSDP2 sharding;
-    modifies `model` in place."""
+                      offload_policy: bool = False, compile_layers: bool = False, shard_layers: bool = True) -> None:
+    """Activation checkpointing (if asked), layer compilation (if asked), then FSDP2 sharding
+    (a unit per decoder layer, or with `shard_layers=False` the root alone); modifies `model` in place."""
     if gradient_checkpointing:
         apply_activation_checkpointing(model)
     if compile_layers:
         compile_decoder_layers(model)
     apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-               reshard_after_forward=reshard_after_forward, offload_policy=offload_policy)
+               reshard_after_forward=reshard_after_forward, offload_policy=offload_policy, shard_layers=shard_layers)

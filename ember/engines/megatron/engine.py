@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from ember.data.batch import Batch
 from ember.distributed.device import current_device, device_type
 from ember.engines.base import LossContext, LossFn, MicroBatchSpec, ModelOutput, TrainEngine
-from ember.engines.batching import in_buckets, join_outputs, loss_context, micro_batches
+from ember.engines.batching import in_dtype_buckets, join_outputs, loss_context, micro_batches
 from ember.engines.fused_log_probs import fused_log_probs
 from ember.engines.log_probs import replaced_forward
 from ember.engines.megatron.bridge import (build_model_chunks, hf_named_weights, load_bridge,
@@ -332,8 +332,7 @@ class MegatronEngine(TrainEngine):
     # --- weights out -------------------------------------------------------------------------
 
     def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
-        yield from in_buckets(((name, tensor.to(self.dtype)) for name, tensor in hf_named_weights(self.bridge, self.chunks)),
-                              bucket_bytes)
+        yield from in_dtype_buckets(hf_named_weights(self.bridge, self.chunks), bucket_bytes, self.dtype)
 
     def module(self) -> nn.Module:
         raise UserError("strategy megatron trains a megatron-core model, which transformers' generate cannot run: "
