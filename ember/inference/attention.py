@@ -5,7 +5,11 @@ concatenated); `AttentionInputs` says where each sequence's queries start, how l
 context is and which blocks hold it. The pure PyTorch path gathers every sequence's blocks
 into a padded (batch, context, heads, dim) tensor and calls SDPA with a mask: causal,
 limited to each sequence's own context, and to a sliding window where a layer has one.
-It runs on any device; it is the reference a fused kernel must match.
+It runs on any device; it is the reference a fused kernel must match. On CUDA a decode step
+reads the blocks in place (`kernels/paged_decode.py`), and a prefill of whole prompts (no
+keys cached before the step: `AttentionInputs.fresh`) is causal attention over the step's own
+tokens, on the flash varlen kernel (`ember/flash_varlen.py`): no gather of blocks, no mask,
+and no host sync (the lengths come from the host).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from functools import cached_property
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from ember.flash_varlen import causal_varlen_attention, runs_on_kernel
 
 
 @dataclass
@@ -34,12 +40,24 @@ class AttentionInputs:
     """Tokens per block."""
     is_decode: bool
     """Every sequence has exactly one new token (the case a fused decode kernel handles)."""
+    most_queries: int | None = None
+    """Prefill: the longest sequence's tokens in this step, known on the host (None: asked of the device)."""
+    query_rows: Tensor | None = None
+    """Prefill: (tokens,) each flat token's row in the padded (sequences × most queries) layout
+    (None: found on the device by a boolean index, which syncs)."""
+    cu_query_lengths: Tensor | None = None
+    """Prefill: (sequences + 1,) int32 cumulative query lengths (the varlen kernel's sequence bounds)."""
+    fresh: bool = False
+    """Prefill with no keys cached before this step (every sequence starts at position 0): each
+    sequence attends to this step's own tokens only."""
     _masks: dict[int | None, Tensor] = field(default_factory=dict, repr=False)
 
     @cached_property
     def _most_queries(self) -> int:
         # A decode step knows its shape without asking the device (no sync inside a CUDA graph).
-        return 1 if self.is_decode else int(self.query_lengths.max())
+        if self.is_decode:
+            return 1
+        return self.most_queries if self.most_queries is not None else int(self.query_lengths.max())
 
     @cached_property
     def _query_offsets(self) -> Tensor:
@@ -102,7 +120,25 @@ def paged_attention(
         return paged_decode_attention(
             queries, key_cache, value_cache, inputs.block_tables, inputs.context_lengths, scale, sliding_window
         )
+    if inputs.fresh and inputs.cu_query_lengths is not None and runs_on_kernel(queries):
+        return fresh_prefill_attention(queries, key_cache, value_cache, inputs, scale, sliding_window)
     return gathered_attention(queries, key_cache, value_cache, inputs, scale, sliding_window)
+
+
+def fresh_prefill_attention(
+    queries: Tensor,
+    key_cache: Tensor,
+    value_cache: Tensor,
+    inputs: AttentionInputs,
+    scale: float,
+    sliding_window: int | None,
+) -> Tensor:
+    """A prefill with nothing cached before it: the step's keys and values read back from their slots
+    (just written, rotated) and each sequence's tokens attend causally to themselves on the varlen kernel."""
+    keys = key_cache.flatten(0, 1)[inputs.slot_mapping].to(queries.dtype)  # (tokens, kv_heads, dim)
+    values = value_cache.flatten(0, 1)[inputs.slot_mapping].to(queries.dtype)
+    return causal_varlen_attention(queries, keys, values, inputs.cu_query_lengths, inputs.most_queries, scale,
+                                   sliding_window)
 
 
 def kernels_support_head_dim(head_dim: int) -> bool:
@@ -128,4 +164,6 @@ def gathered_attention(
     )
     if inputs.is_decode:  # one query per sequence: no boolean indexing, which would sync inside a CUDA graph
         return output.transpose(1, 2)[:, 0]
+    if inputs.query_rows is not None:  # rows known on the host: no sync
+        return output.transpose(1, 2).flatten(0, 1)[inputs.query_rows]
     return output.transpose(1, 2)[inputs.query_valid]

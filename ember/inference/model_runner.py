@@ -46,13 +46,20 @@ class ModelRunner:
             for position in range(chunk.start, chunk.start + chunk.length)
         ]
         block_width = max(len(leader.block_table) for leader in leaders)
+        lengths = [chunk.length for chunk in chunks]
+        most_queries = max(lengths)
         inputs = AttentionInputs(
             slot_mapping=self._tensor(slots),
-            query_lengths=self._tensor([chunk.length for chunk in chunks]),
+            query_lengths=self._tensor(lengths),
             context_lengths=self._tensor([chunk.start + chunk.length for chunk in chunks]),
             block_tables=self._tensor([leader.block_table + [0] * (block_width - len(leader.block_table)) for leader in leaders]),
             block_size=self.block_manager.block_size,
             is_decode=False,
+            most_queries=most_queries,
+            query_rows=self._tensor([row * most_queries + offset for row, length in enumerate(lengths)
+                                     for offset in range(length)]),
+            cu_query_lengths=self._tensor([0, *itertools.accumulate(lengths)], torch.int32),
+            fresh=all(chunk.start == 0 for chunk in chunks),
         )
         self.prefill_tokens_computed += len(token_ids)
         hidden = self.model(self._tensor(token_ids), self._tensor(positions), self.kv_cache.layers, inputs,
@@ -80,5 +87,5 @@ class ModelRunner:
                               additive=torch.tensor([injection.mode == "add" for injection in injections],
                                                     device=self.device))
 
-    def _tensor(self, values: list) -> Tensor:
-        return torch.tensor(values, dtype=torch.long, device=self.device)
+    def _tensor(self, values: list, dtype: torch.dtype = torch.long) -> Tensor:
+        return torch.tensor(values, dtype=dtype, device=self.device)

@@ -53,6 +53,38 @@ def test_paged_decode_kernel_equals_gathered_attention(dtype, window):
     torch.testing.assert_close(actual.float(), expected.float(), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("window", [None, 24])
+def test_fresh_prefill_on_the_varlen_kernel_equals_gathered_attention(window):
+    """A prefill of whole prompts (nothing cached before) reads its keys back from their slots and runs
+    the flash varlen kernel; the gathered, masked reference must agree (bf16, grouped heads 7:1)."""
+    import itertools
+
+    from ember.inference.attention import fresh_prefill_attention
+
+    torch.manual_seed(0)
+    block_size, kv_heads, head_dim, heads = 16, 2, 64, 14
+    lengths = [1, 15, 16, 17, 63, 130]
+    blocks_each = -(-max(lengths) // block_size)
+    key_cache = torch.randn(blocks_each * len(lengths) + 1, block_size, kv_heads, head_dim, device="cuda",
+                            dtype=torch.bfloat16)
+    value_cache = torch.randn_like(key_cache)
+    tables = (1 + torch.randperm(blocks_each * len(lengths), device="cuda")).view(len(lengths), blocks_each)
+    slots = [int(tables[row, position // block_size]) * block_size + position % block_size
+             for row, length in enumerate(lengths) for position in range(length)]
+    most = max(lengths)
+    inputs = AttentionInputs(
+        slot_mapping=torch.tensor(slots, device="cuda"), query_lengths=torch.tensor(lengths, device="cuda"),
+        context_lengths=torch.tensor(lengths, device="cuda"), block_tables=tables, block_size=block_size,
+        is_decode=False, most_queries=most, fresh=True,
+        query_rows=torch.tensor([row * most + offset for row, length in enumerate(lengths) for offset in range(length)],
+                                device="cuda"),
+        cu_query_lengths=torch.tensor([0, *itertools.accumulate(lengths)], device="cuda", dtype=torch.int32))
+    queries = torch.randn(sum(lengths), heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    expected = gathered_attention(queries, key_cache, value_cache, inputs, head_dim**-0.5, window)
+    actual = fresh_prefill_attention(queries, key_cache, value_cache, inputs, head_dim**-0.5, window)
+    torch.testing.assert_close(actual.float(), expected.float(), atol=2e-2, rtol=2e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rope_cache_kernel_equals_rotation_and_index_copies(dtype):
     from ember.inference.attention import write_kv_cache
