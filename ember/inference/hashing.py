@@ -38,6 +38,15 @@ def mix32(values: Tensor) -> Tensor:
     return values ^ (values >> 15)
 
 
+def mix32_int(value: int) -> int:
+    """`mix32` of one uint32 held in a Python int (the host's per-sequence seeds: no tensor ops)."""
+    value ^= value >> 16
+    value = (value * MIX_MULTIPLIERS[0]) & MASK32
+    value ^= value >> 15
+    value = (value * MIX_MULTIPLIERS[1]) & MASK32
+    return value ^ (value >> 15)
+
+
 def _mul32(values: Tensor, constant: int) -> Tensor:
     """(values * constant) mod 2**32 without int64 overflow: the constant is split in 16-bit halves."""
     low = values * (constant & 0xFFFF)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from ember.inference.hashing import MASK32, gumbel_noise, mix32, row_keys
+from ember.inference.hashing import MASK32, gumbel_noise, mix32_int, row_keys
 from ember.rollout.base import SamplingParams
 from ember.rollout.sampling import log_prob_temperature, token_log_probs
 
@@ -31,8 +31,8 @@ def sequence_seed(request_seed: int | None, sequence_id: int) -> int:
     """The 32-bit seed of sample `sequence_id` of a request: derived from `request_seed`, or drawn from torch's RNG."""
     if request_seed is None:
         return int(torch.randint(0, 1 << 31, ()))
-    key = torch.tensor([(request_seed * 1_000_003 + sequence_id) & MASK32])
-    return int(mix32(mix32(key) ^ ((request_seed >> 32) & MASK32))[0])
+    key = (request_seed * 1_000_003 + sequence_id) & MASK32
+    return mix32_int(mix32_int(key) ^ ((request_seed >> 32) & MASK32))
 
 
 def truncated_scores(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:

@@ -37,9 +37,10 @@ def generate_experience(rollout: RolloutEngine, prompts: list[PromptSample], sam
         data_sources=[prompt.data_source for prompt in per_sample],
         ground_truths=[prompt.ground_truth for prompt in per_sample],
         extra_infos=[prompt.extra_info for prompt in per_sample])
-    responses = tokenizer.batch_decode(
-        [batch.responses[i][batch.response_mask[i].bool()].tolist() for i in range(len(batch))],
-        skip_special_tokens=True)
+    # response_mask is each row's prefix up to and including EOS: one host list, cut per row
+    lengths = batch.response_mask.sum(dim=1).tolist()
+    responses = tokenizer.batch_decode([row[:int(length)] for row, length in zip(batch.responses.tolist(), lengths)],
+                                       skip_special_tokens=True)
     return Experience(batch=batch, responses=responses, prompts=per_sample)
 
 

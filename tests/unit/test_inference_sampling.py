@@ -77,3 +77,13 @@ def test_hashed_noise_is_uniform_and_independent_across_vocabulary_and_rows():
     neighbours = torch.corrcoef(torch.stack([uniform[:, :-1].flatten(), uniform[:, 1:].flatten()]))[0, 1]
     rows = torch.corrcoef(torch.stack([uniform[:-1].flatten(), uniform[1:].flatten()]))[0, 1]
     assert abs(float(neighbours)) < 0.01 and abs(float(rows)) < 0.01
+
+
+def test_the_host_hash_of_one_value_is_the_tensor_hash():
+    """Per-sequence seeds are hashed on the host in Python ints; they must be the tensor hash's bits
+    (so seeded runs draw what they drew before and what the Triton kernel's arithmetic expects)."""
+    from ember.inference.hashing import MASK32, mix32, mix32_int
+
+    values = [0, 1, 2, 0xFFFF, 0x10000, 0x7FFFFFFF, 0x80000000, MASK32] + [
+        int(v) for v in torch.randint(0, 1 << 32, (2000,), generator=torch.Generator().manual_seed(3))]
+    assert [mix32_int(value) for value in values] == mix32(torch.tensor(values)).tolist()
