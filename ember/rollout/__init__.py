@@ -11,11 +11,20 @@ import torch
 from torch import nn
 
 from ember.rollout.base import Injection, RolloutEngine, RolloutOutput, SamplingParams
-from ember.rollout.hf import HFRollout
 
 __all__ = ["HFRollout", "Injection", "RolloutEngine", "RolloutOutput", "SamplingParams", "build_rollout"]
 
 _EXTERNAL_ENGINES = ("vllm", "sglang")
+
+
+def __getattr__(name: str):
+    """`HFRollout` is imported on first use: transformers' generation stack is start-up time that a run
+    on ember's own engine never needs."""
+    if name == "HFRollout":
+        from ember.rollout.hf import HFRollout
+
+        return HFRollout
+    raise AttributeError(f"module 'ember.rollout' has no attribute {name!r}")
 
 
 def build_rollout(
@@ -32,6 +41,8 @@ def build_rollout(
     `engine_config` (an `ember.inference.config.EngineConfig`) and is sent the trained
     weights before each generation."""
     if name == "hf":
+        from ember.rollout.hf import HFRollout
+
         return HFRollout(model, pad_token_id, max_batch_size=max_batch_size, dtype=dtype)
     if name == "ember":
         if model_path is None or engine_config is None:

@@ -1,18 +1,19 @@
 """A PNG of the curves a person looks at first: training reward and validation accuracy
-per step (RL), or training and validation loss (SFT), drawn from the run's metrics.jsonl."""
+per step (RL), or training and validation loss (SFT), drawn from the run's metrics.jsonl.
+matplotlib is imported when a plot is drawn, at the end of a run, not at start-up."""
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from ember.trainer.loggers import read_jsonl_metrics  # noqa: E402
+from ember.trainer.loggers import read_jsonl_metrics
 
 
 def plot_curves(metrics_path: str, out_path: str, keys: list[str], title: str) -> str:
     """One line per key found in the metrics (validation keys may be sparse); returns out_path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     records = read_jsonl_metrics(metrics_path)
     figure, axis = plt.subplots(figsize=(7, 4))
     for key in keys:
