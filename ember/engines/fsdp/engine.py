@@ -145,8 +145,10 @@ class FSDPEngine(TrainEngine):
             offload_policy=options.offload_policy,
             compile_layers=options.compile_layers and self.device.type != "cpu",
             # At one rank with the weights on the device a unit per layer shards nothing and costs
-            # host time around every layer: the root is the only unit there.
-            shard_layers=self.dp_size > 1 or options.offload_policy,
+            # host time around every layer: the root is the only unit there. Not for NLA's
+            # reconstructor: its loss reads a layer's output, never the root's, and FSDP2 starts a
+            # unit's backward (and the gradients' reduction) from hooks on that unit's outputs.
+            shard_layers=self.dp_size > 1 or options.offload_policy or options.role == "reconstructor",
             keep_layers=options.truncate_at_layer if options.role == "reconstructor" else None,
             overrides=options.override_config, trust_remote_code=options.trust_remote_code)
         config = self.model.config
