@@ -124,7 +124,6 @@ RL_UNIMPLEMENTED: list[Row] = [
     _flag(f"{_A}.actor.ulysses_sequence_parallel_size"),
     _flag(f"{_A}.ref.ulysses_sequence_parallel_size"),
     _flag("critic.ulysses_sequence_parallel_size"),
-    _flag(f"{_A}.model.use_liger"),
     _flag("reward_model.launch_reward_fn_async"),
     _flag("data.custom_cls.path"),
     (lambda cfg: cfg.algorithm.adv_estimator not in IMPLEMENTED_ADVANTAGES,

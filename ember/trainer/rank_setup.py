@@ -90,7 +90,7 @@ def optim_options(optim, grad_clip: float, total_rl_steps: int, updates_per_step
 
 def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: OptimOptions | None, seed: int, *,
                  use_remove_padding: bool = False, use_fused_kernels: bool = False,
-                 compile_layers: bool = False, megatron=None, **nla) -> TrainEngine:
+                 compile_layers: bool = False, use_liger: bool = False, megatron=None, **nla) -> TrainEngine:
     """The engine for `role`: Megatron when the role's `megatron` section is given (its strategy
     is megatron), else FSDP2. The speed switches come from wherever the caller's config keeps
     them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT; compiling
@@ -101,11 +101,12 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         from ember.engines.megatron.engine import MegatronEngine
         from ember.engines.megatron.options import megatron_options
 
-        switches = (("use_fused_kernels", use_fused_kernels), ("use_torch_compile", compile_layers))
+        switches = (("use_fused_kernels", use_fused_kernels), ("use_torch_compile", compile_layers),
+                    ("use_liger", use_liger))
         ignored = [name for name, on in switches if on]
         if ignored:
             logger.info("%s on strategy megatron: %s do not apply (its LM head fuses log-probs at TP = 1 anyway; "
-                        "it compiles no layers)", role, ", ".join(ignored))
+                        "it compiles no layers and takes no Liger kernels)", role, ", ".join(ignored))
         if getattr(model_cfg, "override_config", None):
             logger.warning("%s on strategy megatron: model.override_config is not applied; set the fields in "
                            "megatron.override_model_config (HF config) or override_transformer_config", role)
@@ -117,7 +118,7 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         use_remove_padding=use_remove_padding, use_fused_kernels=use_fused_kernels,
         reshard_after_forward=fsdp_config.reshard_after_forward, param_offload=fsdp_config.param_offload,
         optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy,
-        compile_layers=compile_layers, seed=seed, optim=optim or OptimOptions(),
+        compile_layers=compile_layers, use_liger=use_liger, seed=seed, optim=optim or OptimOptions(),
         override_config=dict(getattr(model_cfg, "override_config", None) or {}),
         trust_remote_code=bool(getattr(model_cfg, "trust_remote_code", False)), **nla))
 
@@ -199,7 +200,8 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
     dp_size = world_size()
     batch_samples = cfg.data.train_batch_size * n
     speed_switches = dict(use_remove_padding=arr.model.use_remove_padding,
-                          use_fused_kernels=arr.model.use_fused_kernels, compile_layers=arr.actor.use_torch_compile)
+                          use_fused_kernels=arr.model.use_fused_kernels, compile_layers=arr.actor.use_torch_compile,
+                          use_liger=arr.model.use_liger)
     nla = getattr(cfg, "nla", None)  # an NLA run (`ember nla train`): vectors injected in the actor's forwards
     if nla is not None:
         speed_switches["injection_mode"] = nla.injection.mode

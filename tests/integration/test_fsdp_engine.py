@@ -265,3 +265,46 @@ def test_one_rank_makes_the_root_the_only_unit_and_updates_as_a_unit_per_layer_d
     expected = full_weights(per_layer)
     for name, weight in full_weights(root_only).items():
         assert torch.equal(weight, expected[name]), name
+
+
+def fake_liger(monkeypatch, model_types):
+    """A stand-in liger_kernel package: its per-model-type table and the instance patcher, recording calls."""
+    import sys
+    import types
+
+    calls = []
+    monkey_patch = types.ModuleType("liger_kernel.transformers.monkey_patch")
+    monkey_patch.MODEL_TYPE_TO_APPLY_LIGER_FN = {name: None for name in model_types}
+    monkey_patch._apply_liger_kernel_to_instance = lambda **kwargs: calls.append(kwargs)
+    for name in ("liger_kernel", "liger_kernel.transformers"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, "liger_kernel.transformers.monkey_patch", monkey_patch)
+    return calls
+
+
+def test_liger_kernels_patch_the_model_without_their_cross_entropy_and_refuse_a_type_they_lack(monkeypatch, tmp_path):
+    from ember.engines.fsdp.parallelize import apply_liger_kernels
+    from ember.errors import UserError
+
+    model = AutoModelForCausalLM.from_pretrained(make_model_dir("qwen2", str(tmp_path)))
+    calls = fake_liger(monkeypatch, ["qwen2", "llama"])
+    apply_liger_kernels(model)
+    assert len(calls) == 1 and calls[0]["model"] is model
+    assert calls[0]["rms_norm"] and calls[0]["swiglu"] and calls[0]["rope"]
+    assert not calls[0]["fused_linear_cross_entropy"] and not calls[0]["cross_entropy"]
+    fake_liger(monkeypatch, ["llama"])
+    with pytest.raises(UserError, match="no kernels for model type 'qwen2' .* set use_liger=false"):
+        apply_liger_kernels(model)
+
+
+def test_liger_kernels_missing_say_what_to_install_and_a_cpu_engine_ignores_the_switch(monkeypatch, model_dir):
+    import sys
+
+    from ember.engines.fsdp.parallelize import apply_liger_kernels
+    from ember.errors import UserError
+
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # not installed
+    with pytest.raises(UserError, match="pip install liger-kernel"):
+        apply_liger_kernels(AutoModelForCausalLM.from_pretrained(model_dir))
+    engine = FSDPEngine(engine_options(model_dir, use_liger=True))  # Triton kernels: an accelerator's switch
+    assert engine.forward(make_batch(samples=2), micro_batch_size=2).log_probs.shape[0] == 2

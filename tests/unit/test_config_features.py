@@ -67,7 +67,7 @@ def test_packing_and_fused_kernels_are_implemented():
 
 
 def test_several_switches_are_listed_together():
-    cfg = load_config([f"{A}.model.lora_rank=8", f"{A}.model.use_liger=true"])
+    cfg = load_config([f"{A}.model.lora_rank=8", f"{A}.model.enable_activation_offload=true"])
     messages = unimplemented_features(cfg)
     assert len(messages) == 2
     with pytest.raises(NotImplementedFeature, match="not implemented yet:\n  - "):
@@ -85,7 +85,7 @@ def test_implemented_algorithm_names_match_the_registries():
 @pytest.mark.parametrize("override, message", [
     ("algorithm.adv_estimator=opo", "algorithm.adv_estimator=opo is not implemented yet"),
     ("actor_rollout_ref.actor.policy_loss.loss_mode=clip_cov", "loss_mode=clip_cov is not"),
-    ("actor_rollout_ref.model.use_liger=true", "use_liger=true is not implemented yet"),
+    ("actor_rollout_ref.model.enable_activation_offload=true", "enable_activation_offload=true is not implemented yet"),
 ])
 def test_keys_that_would_otherwise_be_ignored_stop_a_real_run(override, message):
     from ember.config import NotImplementedFeature, check_implemented, load_config

@@ -84,6 +84,9 @@ class EngineOptions:
     """FSDP2's CPUOffloadPolicy: shards, gradients and the optimizer step stay in CPU memory at all
     times (each layer is copied to the accelerator to compute); param/optimizer_offload then have
     nothing left to move."""
+    use_liger: bool = False
+    """liger-kernel's Triton RMSNorm, SwiGLU and RoPE in place of the model's own (`parallelize.apply_liger_kernels`,
+    verl's `model.use_liger`) on an accelerator; ignored on CPU (the kernels are Triton's)."""
     compile_layers: bool = False
     """torch.compile each decoder layer's forward (`parallelize.compile_decoder_layers`) on an accelerator;
     ignored on CPU (compiling there costs more than it saves)."""
@@ -144,6 +147,7 @@ class FSDPEngine(TrainEngine):
             reshard_after_forward=(options.reshard_after_forward and self.dp_size > 1) or options.offload_policy,
             offload_policy=options.offload_policy,
             compile_layers=options.compile_layers and self.device.type != "cpu",
+            liger=options.use_liger and self.device.type != "cpu",
             # At one rank with the weights on the device a unit per layer shards nothing and costs
             # host time around every layer: the root is the only unit there. Not for NLA's
             # reconstructor: its loss reads a layer's output, never the root's, and FSDP2 starts a

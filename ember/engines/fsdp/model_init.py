@@ -28,7 +28,7 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
                         model_dtype: str, param_dtype: str, reduce_dtype: str, attn_implementation: str,
                         gradient_checkpointing: bool, reshard_after_forward: bool,
                         offload_policy: bool = False, compile_layers: bool = False, shard_layers: bool = True,
-                        keep_layers: int | None = None, overrides: dict | None = None,
+                        liger: bool = False, keep_layers: int | None = None, overrides: dict | None = None,
                         trust_remote_code: bool = False) -> PreTrainedModel:
     """The checkpoint at `model_path` as an FSDP2 module whose shards live on `device` (in pinned
     CPU memory with `offload_policy`; buffers such as RoPE tables stay on `device`); with
@@ -46,7 +46,7 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
     parallelize_model(model, mesh, gradient_checkpointing=gradient_checkpointing,
                       param_dtype=resolve_dtype(param_dtype), reduce_dtype=resolve_dtype(reduce_dtype),
                       reshard_after_forward=reshard_after_forward, offload_policy=offload_policy,
-                      compile_layers=compile_layers, shard_layers=shard_layers)
+                      compile_layers=compile_layers, shard_layers=shard_layers, liger=liger)
     model.to_empty(device=device)
     full_state = pretrained.state_dict() if pretrained is not None else {}
     set_model_state_dict(model, full_state,

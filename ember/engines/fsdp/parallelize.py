@@ -1,6 +1,6 @@
 """How a Hugging Face model is prepared for FSDP2 training, as plain functions in a fixed order.
 
-`parallelize_model` applies, in this order: activation checkpointing of the decoder layers
+`parallelize_model` applies, in this order: Liger kernels (if asked), activation checkpointing of the decoder layers
 (it must be set before sharding wraps the layers' forward), then `fully_shard` of every
 decoder layer and finally of the root (embeddings, final norm, LM or value head, and the
 tied weights if any, which must share one FSDP group). Each decoder layer is one unit of
@@ -30,6 +30,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from transformers import PreTrainedModel
+
+from ember.errors import UserError
 
 
 def decoder_layers(model: PreTrainedModel) -> list[nn.Module]:
@@ -75,11 +77,33 @@ def compile_decoder_layers(model: PreTrainedModel) -> None:
         layer.forward = torch.compile(layer.forward, dynamic=True)
 
 
+def apply_liger_kernels(model: PreTrainedModel) -> None:
+    """liger-kernel's Triton RMSNorm, SwiGLU MLP and RoPE in place of the model's own (what verl's
+    `model.use_liger` applies; its fused linear cross-entropy is left out: ember computes log-probs
+    itself, `use_fused_kernels`). A model type liger-kernel has no kernels for is refused, not run
+    without them."""
+    try:
+        from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel_to_instance
+    except ImportError as error:
+        raise UserError("actor_rollout_ref.model.use_liger=true needs the liger-kernel package: "
+                        "pip install liger-kernel, or set use_liger=false") from error
+    model_type = model.config.model_type
+    if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
+        raise UserError(f"actor_rollout_ref.model.use_liger=true: liger-kernel has no kernels for model type "
+                        f"{model_type!r} (it has {', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))}); set use_liger=false")
+    _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
+                                    fused_linear_cross_entropy=False)
+
+
 def parallelize_model(model: PreTrainedModel, mesh: DeviceMesh, *, gradient_checkpointing: bool,
                       param_dtype: torch.dtype, reduce_dtype: torch.dtype, reshard_after_forward: bool,
-                      offload_policy: bool = False, compile_layers: bool = False, shard_layers: bool = True) -> None:
-    """Activation checkpointing (if asked), layer compilation (if asked), then FSDP2 sharding
-    (a unit per decoder layer, or with `shard_layers=False` the root alone); modifies `model` in place."""
+                      offload_policy: bool = False, compile_layers: bool = False, shard_layers: bool = True,
+                      liger: bool = False) -> None:
+    """Liger kernels (if asked), activation checkpointing (if asked), layer compilation (if asked), then
+    FSDP2 sharding (a unit per decoder layer, or with `shard_layers=False` the root alone); modifies
+    `model` in place."""
+    if liger:
+        apply_liger_kernels(model)
     if gradient_checkpointing:
         apply_activation_checkpointing(model)
     if compile_layers:
