@@ -53,6 +53,32 @@ def test_paged_decode_kernel_equals_gathered_attention(dtype, window):
     torch.testing.assert_close(actual.float(), expected.float(), atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [0, 1, 37])
+def test_norm_and_swiglu_kernels_equal_their_pytorch_references(dtype, rows):
+    """The engine's Triton RMSNorm (with and without the residual add) and SwiGLU gating against the eager
+    PyTorch math they replace (hidden 576 and intermediate 4864: neither a power of two nor a block multiple)."""
+    import torch.nn.functional as F
+
+    from ember.inference.kernels.norm_act import rms_norm, silu_and_mul
+    from ember.inference.models.layers import _rms_norm
+
+    torch.manual_seed(0)
+    states = torch.randn(rows, 576, device="cuda", dtype=dtype)
+    residual = torch.randn_like(states)
+    weight = (1 + 0.1 * torch.randn(576, device="cuda")).to(dtype)
+    tolerance = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+    normed, summed = rms_norm(states, weight, 1e-5)
+    assert summed is None and normed.dtype == dtype and normed.shape == states.shape
+    torch.testing.assert_close(normed, _rms_norm(states, weight, 1e-5), **tolerance)
+    normed, summed = rms_norm(states, weight, 1e-5, residual=residual)
+    torch.testing.assert_close(summed, states + residual, atol=0, rtol=0)
+    torch.testing.assert_close(normed, _rms_norm(states + residual, weight, 1e-5), **tolerance)
+    gate_up = torch.randn(rows, 2 * 4864, device="cuda", dtype=dtype)
+    gate, up = gate_up.chunk(2, dim=-1)  # strided halves, as the fused projection gives them
+    torch.testing.assert_close(silu_and_mul(gate, up), F.silu(gate) * up, **tolerance)
+
+
 @pytest.mark.parametrize("window", [None, 24])
 def test_fresh_prefill_on_the_varlen_kernel_equals_gathered_attention(window):
     """A prefill of whole prompts (nothing cached before) reads its keys back from their slots and runs

@@ -2,10 +2,12 @@
 and `fuse_linears`, which turns several projections of one input into one matrix product.
 
 A decode step does little arithmetic per kernel, so its time goes to the number of kernels
-more than to their work. On CUDA the elementwise functions here are compiled with
-`torch.compile` (dynamic shapes: one compilation serves every batch size and prefill),
-which fuses each into a single kernel; on other devices they run eagerly. The math is
-HF's: RMSNorm in float32 scaled after casting back, RoPE in float32 ("rotate half").
+more than to their work. On CUDA the norms and SwiGLU's gating are one Triton kernel each
+(`kernels/norm_act.py`: no dynamo at start-up, no guard checks per call), and the RoPE
+fallback (head sizes the fused RoPE + cache kernel does not take) is compiled with
+`torch.compile` (dynamic shapes: one compilation serves every batch size and prefill);
+on other devices they run eagerly. The math is HF's: RMSNorm in float32 scaled after
+casting back, RoPE in float32 ("rotate half").
 """
 
 from __future__ import annotations
@@ -40,12 +42,21 @@ def _rms_norm(states: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * normalized.to(states.dtype)
 
 
-rms_norm = compiled_on_cuda(_rms_norm)
+def rms_norm(states: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """weight * RMSNorm(states) over the last dim."""
+    if states.is_cuda:
+        from ember.inference.kernels import norm_act
+
+        return norm_act.rms_norm(states, weight, eps)[0]
+    return _rms_norm(states, weight, eps)
 
 
-@compiled_on_cuda
 def add_rms_norm(states: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """(rms_norm(states + residual), states + residual): a block's output joins the residual stream and is normed."""
+    if states.is_cuda:
+        from ember.inference.kernels import norm_act
+
+        return norm_act.rms_norm(states, weight, eps, residual=residual)
     summed = states + residual
     return _rms_norm(summed, weight, eps), summed
 
@@ -63,9 +74,12 @@ def _rotate(states: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     return (states.float() * cos + rotated_half.float() * sin).to(states.dtype)
 
 
-@compiled_on_cuda
 def silu_and_mul(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) * up, SwiGLU's gating."""
+    if gate.is_cuda:
+        from ember.inference.kernels import norm_act
+
+        return norm_act.silu_and_mul(gate, up)
     return F.silu(gate) * up
 
 
