@@ -111,8 +111,9 @@ def paged_attention(
     """Attention of the step's queries (tokens, heads, head_dim) over the cache; returns (tokens, heads, head_dim).
 
     The keys and values of this step must already be written (`write_kv_cache`). Decode
-    steps on CUDA run the Triton kernel that reads the blocks in place; everything else
-    gathers (`gathered_attention`, the reference the kernel is tested against).
+    steps on CUDA run the Triton kernel that reads the blocks in place, a fresh prefill in
+    half precision on CUDA the flash varlen kernel (`fresh_prefill_attention`); everything
+    else gathers (`gathered_attention`, the reference both are tested against).
     """
     if inputs.is_decode and queries.is_cuda and kernels_support_head_dim(queries.shape[-1]):
         from ember.inference.kernels.paged_decode import paged_decode_attention
