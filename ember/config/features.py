@@ -139,7 +139,6 @@ SFT_UNIMPLEMENTED: list[Row] = [
     *_megatron_offload_rows("model"),
     _flag("model.lora_rank", "(LoRA) is not implemented yet; use 0"),
     _flag("ulysses_sequence_parallel_size"),
-    _flag("model.use_liger"),
     # the fork's SFT files name its own NLA dataset class, which ember nla sft replaces
     (lambda cfg: cfg.data.custom_cls.path is not None
      and not (isinstance(cfg, NLASFTConfig) and cfg.data.custom_cls.path == FORK_SFT_DATASET_MODULE),

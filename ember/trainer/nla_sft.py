@@ -89,7 +89,7 @@ class NLASFTTrainer(SFTTrainer):
             optim = sft_optim_options(cfg.optim, self.total_steps)
             return build_engine(cfg.model.partial_pretrain, "actor", cfg.model, cfg.model.fsdp_config, optim,
                                 seed=cfg.trainer.seed, use_remove_padding=cfg.use_remove_padding,
-                                injection_mode=cfg.nla.injection.mode)
+                                use_liger=cfg.model.use_liger, injection_mode=cfg.nla.injection.mode)
         critic = cfg.nla.critic
         lr = cfg.nla.critic_lr if cfg.nla.critic_lr is not None else cfg.optim.lr
         optim = sft_optim_options(dataclasses.replace(cfg.optim, lr=lr), self.total_steps)

@@ -92,7 +92,8 @@ class SFTTrainer:
         cfg = self.cfg
         return build_engine(cfg.model.partial_pretrain, "actor", cfg.model, cfg.model.fsdp_config,
                             sft_optim_options(cfg.optim, self.total_steps), seed=cfg.trainer.seed,
-                            use_remove_padding=cfg.use_remove_padding, megatron=megatron_section(cfg.model))
+                            use_remove_padding=cfg.use_remove_padding, use_liger=cfg.model.use_liger,
+                            megatron=megatron_section(cfg.model))
 
     def update(self, examples: list) -> dict[str, float]:
         """One optimizer step on this rank's share of the examples."""

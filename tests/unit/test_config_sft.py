@@ -116,3 +116,17 @@ def test_token_budget_micro_batches_replace_the_count_arithmetic():
         load_sft(["data.use_dynamic_bsz=true", "training.gradient_accumulation_steps=4"])
     with pytest.raises(ConfigError, match="max_token_len_per_gpu"):
         load_sft(["data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=0"])
+
+
+def test_liger_kernels_are_taken_by_sft_and_reach_its_engine(monkeypatch):
+    """`model.use_liger` is implemented for `ember sft` (FSDP2), and the engine it builds gets the switch."""
+    import ember.trainer.sft as sft
+
+    cfg = load_sft(["model.use_liger=true"])
+    check_implemented(cfg)
+    seen = {}
+    monkeypatch.setattr(sft, "build_engine", lambda *args, **kwargs: seen.update(kwargs))
+    trainer = object.__new__(sft.SFTTrainer)
+    trainer.cfg, trainer.total_steps = cfg, 10
+    trainer.build_engine()
+    assert seen["use_liger"] is True

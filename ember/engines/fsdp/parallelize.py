@@ -85,11 +85,11 @@ def apply_liger_kernels(model: PreTrainedModel) -> None:
     try:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel_to_instance
     except ImportError as error:
-        raise UserError("actor_rollout_ref.model.use_liger=true needs the liger-kernel package: "
-                        "pip install liger-kernel, or set use_liger=false") from error
+        raise UserError("use_liger=true (actor_rollout_ref.model.use_liger; model.use_liger in ember sft) needs the "
+                        "liger-kernel package: pip install liger-kernel, or set use_liger=false") from error
     model_type = model.config.model_type
     if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
-        raise UserError(f"actor_rollout_ref.model.use_liger=true: liger-kernel has no kernels for model type "
+        raise UserError(f"use_liger=true: liger-kernel has no kernels for model type "
                         f"{model_type!r} (it has {', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))}); set use_liger=false")
     _apply_liger_kernel_to_instance(model=model, rope=True, rms_norm=True, swiglu=True, cross_entropy=False,
                                     fused_linear_cross_entropy=False)
