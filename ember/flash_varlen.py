@@ -11,6 +11,7 @@ shows the kernel takes them), repeated per query head only where neither works.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 
@@ -23,9 +24,19 @@ def varlen_available() -> bool:
     return importlib.util.find_spec("torch.nn.attention.varlen") is not None and torch.cuda.is_available()
 
 
-def runs_on_kernel(queries: Tensor) -> bool:
-    """Whether `causal_varlen_attention` can take these queries (CUDA, half precision, the kernel present)."""
-    return queries.is_cuda and queries.dtype in (torch.bfloat16, torch.float16) and varlen_available()
+def runs_on_kernel(queries: Tensor, sliding_window: int | None = None) -> bool:
+    """Whether `causal_varlen_attention` can take these (tokens, heads, dim) queries: CUDA, half precision, the
+    kernel present on an Ampere or newer GPU, a head size the flash kernel has (a multiple of 8 up to 256), and
+    a sliding window only where this PyTorch's kernel takes one."""
+    head_dim = queries.shape[-1]
+    return (queries.is_cuda and queries.dtype in (torch.bfloat16, torch.float16) and varlen_available()
+            and _capability(queries.device.index) >= (8, 0) and head_dim % 8 == 0 and head_dim <= 256
+            and (sliding_window is None or "window_size" in _varlen_parameters()))
+
+
+@functools.cache
+def _capability(device_index: int | None) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
 
 
 def causal_varlen_attention(queries: Tensor, keys: Tensor, values: Tensor, cu_seqlens: Tensor, max_length: int,

@@ -121,7 +121,7 @@ def paged_attention(
         return paged_decode_attention(
             queries, key_cache, value_cache, inputs.block_tables, inputs.context_lengths, scale, sliding_window
         )
-    if inputs.fresh and inputs.cu_query_lengths is not None and runs_on_kernel(queries):
+    if inputs.fresh and inputs.cu_query_lengths is not None and runs_on_kernel(queries, sliding_window):
         return fresh_prefill_attention(queries, key_cache, value_cache, inputs, scale, sliding_window)
     return gathered_attention(queries, key_cache, value_cache, inputs, scale, sliding_window)
 

@@ -59,6 +59,14 @@ def resolve_layer_index(key: str, index: int | None, num_layers: int, model: str
     return index % (num_layers + 1)
 
 
+def check_trained_layer(key: str, layer: int) -> None:
+    """A trained critic must read a decoder layer's output: hidden_states[0] is the embeddings' output, where its
+    loss reaches no FSDP2 unit's output, so FSDP2 would never reduce (and the optimizer never see) a gradient."""
+    if layer == 0:
+        raise ConfigError(f"{key} reads hidden_states[0], the embeddings' output, which ember cannot train a critic on "
+                          "(no decoder layer's output is on its loss path); read a decoder layer's output, 1 or more")
+
+
 def check_truncation(key: str, keep: int | None, num_layers: int, model: str) -> None:
     """A truncated model keeps its first `keep` decoder layers, so `keep` must not exceed the model's count."""
     if keep is not None and keep > num_layers:
@@ -113,6 +121,7 @@ def check_nla_train_start(cfg: NLATrainConfig) -> None:
     num_layers, kept = model_layer_counts(critic.model.path, critic.model.trust_remote_code)
     check_truncation("critic.model.truncate_at_layer", critic.model.truncate_at_layer, kept, critic.model.path)
     layer = resolve_layer_index("critic.output_layer_index", critic.output_layer_index, num_layers, critic.model.path)
+    check_trained_layer("critic.output_layer_index", layer)
     check_kept_layer("critic.output_layer_index", layer, num_layers,
                      min(kept, critic.model.truncate_at_layer or kept), critic.model.path)
     actor_size = model_hidden_size(model.path, model.trust_remote_code)
@@ -153,6 +162,7 @@ def check_nla_sft_start(cfg: NLASFTConfig) -> None:
     keep = critic.truncate_layers if critic.truncate_layers is not None and critic.truncate_layers > 0 else None
     check_truncation("nla.critic.truncate_layers", keep, kept, path)
     layer = resolve_layer_index("nla.critic.output_layer_index", critic.output_layer_index, num_layers, path)
+    check_trained_layer("nla.critic.output_layer_index", layer)
     check_kept_layer("nla.critic.output_layer_index", layer, num_layers, min(kept, keep or kept), path)
     check_vector_layer("data.train_files", cfg.data.train_files, layer, "nla.critic.output_layer_index")
 

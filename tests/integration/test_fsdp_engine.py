@@ -308,3 +308,19 @@ def test_liger_kernels_missing_say_what_to_install_and_a_cpu_engine_ignores_the_
         apply_liger_kernels(AutoModelForCausalLM.from_pretrained(model_dir))
     engine = FSDPEngine(engine_options(model_dir, use_liger=True))  # Triton kernels: an accelerator's switch
     assert engine.forward(make_batch(samples=2), micro_batch_size=2).log_probs.shape[0] == 2
+
+
+def test_the_root_is_the_only_unit_only_where_its_extra_memory_fits_and_not_under_offload(model_dir, monkeypatch):
+    from torch.distributed.fsdp import FSDPModule
+
+    from ember.engines.fsdp.parallelize import ROOT_UNIT_BYTES_PER_PARAMETER, ROOT_UNIT_MEMORY_FRACTION, root_unit_fits
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    extra = sum(p.numel() for p in model.parameters()) * ROOT_UNIT_BYTES_PER_PARAMETER
+    assert root_unit_fits(model, torch.device("cpu"))
+    for total, fits in ((extra / ROOT_UNIT_MEMORY_FRACTION, True), (extra / ROOT_UNIT_MEMORY_FRACTION - 1, False)):
+        monkeypatch.setattr(torch.accelerator, "get_memory_info", lambda device, total=total: (0, int(total)))
+        assert root_unit_fits(model, torch.device("cuda")) is fits
+    monkeypatch.undo()
+    offloaded = FSDPEngine(engine_options(model_dir, param_offload=True, optimizer_offload=True))
+    assert all(isinstance(layer, FSDPModule) for layer in offloaded.module().model.layers)

@@ -88,6 +88,8 @@ def test_train_on_megatron_takes_the_fork_file_as_written_and_stops_only_at_the_
 @pytest.mark.parametrize("overrides, message", [
     (["critic.output_layer_index=5"], "critic.output_layer_index=5 is outside the model: {model} has 2 decoder layers, "
                                       "so hidden_states indices run 0..2"),
+    (["critic.output_layer_index=0"], "critic.output_layer_index reads hidden_states[0], the embeddings' output, which "
+                                      "ember cannot train a critic on"),
     (["critic.output_layer_index=-1"], "data.train_files holds vectors of layer 1 (their activation_layer column), but "
                                        "critic.output_layer_index predicts hidden_states[2]"),
     (["critic.model.truncate_at_layer=3", "critic.output_layer_index=1"], "critic.model.truncate_at_layer=3 is outside the "

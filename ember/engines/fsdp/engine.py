@@ -149,10 +149,13 @@ class FSDPEngine(TrainEngine):
             compile_layers=options.compile_layers and self.device.type != "cpu",
             liger=options.use_liger and self.device.type != "cpu",
             # At one rank with the weights on the device a unit per layer shards nothing and costs
-            # host time around every layer: the root is the only unit there. Not for NLA's
-            # reconstructor: its loss reads a layer's output, never the root's, and FSDP2 starts a
-            # unit's backward (and the gradients' reduction) from hooks on that unit's outputs.
-            shard_layers=self.dp_size > 1 or options.offload_policy or options.role == "reconstructor",
+            # host time around every layer: the root may be the only unit there (if the model is
+            # small enough, `parallelize.root_unit_fits`). Not under any offload (memory is what the
+            # user is short of), nor for NLA's reconstructor: its loss reads a layer's output, never
+            # the root's, and FSDP2 starts a unit's backward (and the gradients' reduction) from hooks
+            # on that unit's outputs.
+            shard_layers=(self.dp_size > 1 or options.offload_policy or options.param_offload
+                          or options.optimizer_offload or options.role == "reconstructor"),
             keep_layers=options.truncate_at_layer if options.role == "reconstructor" else None,
             overrides=options.override_config, trust_remote_code=options.trust_remote_code)
         config = self.model.config

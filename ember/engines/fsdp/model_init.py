@@ -20,7 +20,7 @@ from transformers import PreTrainedModel
 
 from ember.distributed.device import rank
 from ember.engines.fsdp.offload import CPU, move_parameters
-from ember.engines.fsdp.parallelize import parallelize_model
+from ember.engines.fsdp.parallelize import parallelize_model, root_unit_fits
 from ember.models.loading import build_model_on_meta, load_model, load_model_config, resolve_dtype
 
 
@@ -33,7 +33,8 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
     """The checkpoint at `model_path` as an FSDP2 module whose shards live on `device` (in pinned
     CPU memory with `offload_policy`; buffers such as RoPE tables stay on `device`); with
     `keep_layers`, only its first decoder layers; `overrides` replace fields of its config;
-    `shard_layers`: a FSDP2 unit per decoder layer, or the root alone (`parallelize.apply_fsdp`)."""
+    `shard_layers`: a FSDP2 unit per decoder layer, or (False) the root alone where the model is small
+    enough for it (`parallelize.root_unit_fits`)."""
     config = load_model_config(model_path, value_head=value_head, keep_layers=keep_layers, overrides=overrides,
                                trust_remote_code=trust_remote_code)
     pretrained = None
@@ -43,6 +44,7 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
                                 trust_remote_code=trust_remote_code)
     model = build_model_on_meta(config, value_head=value_head, dtype=model_dtype,
                                 attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+    shard_layers = shard_layers or not root_unit_fits(model, device)
     parallelize_model(model, mesh, gradient_checkpointing=gradient_checkpointing,
                       param_dtype=resolve_dtype(param_dtype), reduce_dtype=resolve_dtype(reduce_dtype),
                       reshard_after_forward=reshard_after_forward, offload_policy=offload_policy,

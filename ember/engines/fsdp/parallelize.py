@@ -11,9 +11,10 @@ With `shard_layers=False` (one rank, weights on the device) the root is the only
 nothing is sharded there, so a unit per layer would only add its hooks (host work before
 and after every layer's forward and backward, which sets the pace of a small model's
 update); the whole model's weights are cast once before forward and its gradients reduced
-once after backward. Memory is the same as per-layer units that keep their weights
-gathered between forward and backward, plus the compute-dtype gradients of the whole
-model until the end of backward.
+once after backward. That costs memory per-layer units never hold at once: the whole
+model's compute-dtype gradients until the end of backward and its one gradient reduce's
+input and output buffers (about ROOT_UNIT_BYTES_PER_PARAMETER in all), so the root alone is
+used only where that stays under ROOT_UNIT_MEMORY_FRACTION of the device (`root_unit_fits`).
 
 Mixed precision keeps the sharded (master) parameters in their stored dtype, casts them to
 `param_dtype` when gathered for compute, and reduces gradients in `reduce_dtype`. With
@@ -32,6 +33,23 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from transformers import PreTrainedModel
 
 from ember.errors import UserError
+
+
+ROOT_UNIT_BYTES_PER_PARAMETER = 10
+"""Device bytes per parameter that one unit over the whole model holds at the end of backward beyond
+per-layer units: its bf16 gradients (2) and its reduce's fp32 input and output (4 + 4)."""
+ROOT_UNIT_MEMORY_FRACTION = 0.1
+"""The share of the device's memory that extra may take for the root to be the only unit."""
+
+
+def root_unit_fits(model: nn.Module, device: torch.device) -> bool:
+    """Whether one FSDP2 unit over the whole model keeps its end-of-backward extra memory within
+    ROOT_UNIT_MEMORY_FRACTION of `device` (always on a CPU: host memory, and nothing is faster there)."""
+    if device.type == "cpu":
+        return True
+    parameters = sum(parameter.numel() for parameter in model.parameters())
+    total = torch.accelerator.get_memory_info(device)[1]
+    return parameters * ROOT_UNIT_BYTES_PER_PARAMETER <= ROOT_UNIT_MEMORY_FRACTION * total
 
 
 def decoder_layers(model: PreTrainedModel) -> list[nn.Module]:
@@ -81,7 +99,10 @@ def apply_liger_kernels(model: PreTrainedModel) -> None:
     """liger-kernel's Triton RMSNorm, SwiGLU MLP and RoPE in place of the model's own (what verl's
     `model.use_liger` applies; its fused linear cross-entropy is left out: ember computes log-probs
     itself, `use_fused_kernels`). A model type liger-kernel has no kernels for is refused, not run
-    without them."""
+    without them. liger-kernel also swaps transformers' classes and RoPE function of that model type
+    for the whole process, so models of the type built afterwards in this process (a critic, an hf
+    rollout's own model) compute with its kernels too (the same math). For MoE types its SwiGLU may
+    replace the experts' grouped implementation (not measured)."""
     try:
         from liger_kernel.transformers.monkey_patch import MODEL_TYPE_TO_APPLY_LIGER_FN, _apply_liger_kernel_to_instance
     except ImportError as error:
