@@ -114,6 +114,9 @@ RL_UNIMPLEMENTED: list[Row] = [
                  "set algorithm.filter_groups.enable=false"),
     (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.nla.injection.mode == "project",
      lambda cfg: "nla.injection.mode=project (a learned map of the vector) is not implemented yet; use replace or add"),
+    (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.reward_model.launch_reward_fn_async,
+     lambda cfg: "ember nla train with reward_model.launch_reward_fn_async=true: NLA's reward is the critic's "
+                 "reconstruction, computed on the GPU with the step; set it false"),
     (lambda cfg: isinstance(cfg, NLATrainConfig) and cfg.actor_rollout_ref.rollout.engine == "hf",
      lambda cfg: f"ember nla train with {_A}.rollout.name=hf: the hf rollout cannot inject the vector; use "
                  "nla_sglang or ember (ember's engine injects it in prefill)"),
@@ -124,7 +127,6 @@ RL_UNIMPLEMENTED: list[Row] = [
     _flag(f"{_A}.actor.ulysses_sequence_parallel_size"),
     _flag(f"{_A}.ref.ulysses_sequence_parallel_size"),
     _flag("critic.ulysses_sequence_parallel_size"),
-    _flag("reward_model.launch_reward_fn_async"),
     _flag("data.custom_cls.path"),
     (lambda cfg: cfg.algorithm.adv_estimator not in IMPLEMENTED_ADVANTAGES,
      lambda cfg: f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} is not implemented yet; "

@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
 import torch
@@ -67,6 +68,10 @@ class RLTrainer:
         self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, parts.total_steps, enabled=rank() == 0,
                                    tracked_run=TrackedRun.of(cfg))
         self.guard = BadStepGuard(cfg.trainer.max_loss_or_grad_norm)
+        self.reward_thread = (ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-reward")
+                              if cfg.reward_model.launch_reward_fn_async else None)
+        """`reward_model.launch_reward_fn_async`: where a step's scores are computed while its log-probs,
+        reference and values are (the reward manager's workers do the scoring; this thread waits on them)."""
         self.validation_history: list[tuple[int, dict[str, float]]] = []
         self.profiler = StepProfiler(cfg.global_profiler, parts.worker_groups(), parts.total_steps)
 
@@ -126,7 +131,6 @@ class RLTrainer:
         with timed(timings, "step"):
             experience, scored, sampling_metrics = self.generate_and_score(prompts, timings)
             batch = experience.batch
-            batch.token_level_scores = token_level_scores(batch, scored.scores)
             reward_baselines = None
             if cfg.algorithm.adv_estimator == "remax":
                 with timed(timings, "gen_max"):
@@ -147,6 +151,11 @@ class RLTrainer:
             if parts.critic is not None and self.critic_gives_values:
                 with timed(timings, "values"):
                     batch.values = parts.critic.compute_values(batch)
+            if isinstance(scored, Future):  # scored in the background since generation ended
+                with timed(timings, "reward"):
+                    scored = scored.result()
+            scores = scored.scores if balance_order is None else scored.scores[torch.tensor(balance_order)]
+            batch.token_level_scores = token_level_scores(batch, scores)
             with timed(timings, "adv"):
                 metrics = self.compute_advantages(batch, reward_baselines)
             if cfg.trainer.rollout_data_dir and rank() == 0:
@@ -184,33 +193,44 @@ class RLTrainer:
         """The loader's next batch of prompts (the next epoch's first after the last of one)."""
         return next(iter(self.parts.train_loader))
 
-    def generate_and_score(self, prompts, timings: dict[str, float]) -> tuple[Experience, Scores, dict[str, float]]:
+    def generate_and_score(self, prompts, timings: dict[str, float]
+                           ) -> tuple[Experience, Scores | Future[Scores], dict[str, float]]:
         """This step's samples and their scores (overlong-shaped with the dapo reward manager). With
         `algorithm.filter_groups` (DAPO's dynamic sampling) groups whose samples all scored alike
-        are dropped and more prompts are generated until `data.train_batch_size` groups are kept."""
+        are dropped and more prompts are generated until `data.train_batch_size` groups are kept.
+        With `reward_model.launch_reward_fn_async` the scores come as a Future, being computed in the
+        background, where nothing before the advantages needs them (no dynamic sampling, not ReMax)."""
         cfg = self.cfg
         generated = [0]  # prompts this step has generated so far: a later round's samples draw after them
 
-        def one_round(round_prompts, uid_prefix: str) -> tuple[Experience, Scores]:
+        def one_round(round_prompts, uid_prefix: str, in_background: bool = False):
             sampling = replace(self.sampling(), first_prompt_index=generated[0])
             generated[0] += len(round_prompts)
             with timed(timings, "gen"):
                 experience = generate_experience(self.parts.rollout, round_prompts, sampling,
                                                  self.parts.tokenizer, self.parts.eos_token_ids, uid_prefix=uid_prefix)
+            if in_background:
+                return experience, self.reward_thread.submit(self.score_round, experience)
             with timed(timings, "reward"):
-                scored = score_experience(self.parts.reward_manager, experience)
-                if cfg.reward_model.reward_manager == "dapo" and cfg.reward_model.overlong_buffer.enable:
-                    scored = shape_overlong(experience, scored, cfg.reward_model.overlong_buffer,
-                                            cfg.data.max_response_length)
-            return experience, scored
+                return experience, self.score_round(experience)
 
         if self.parts.noise is not None:
             self.parts.rollout.use_noise(self.step)
-        experience, scored = one_round(prompts, f"step{self.step}")
+        in_background = (self.reward_thread is not None and not cfg.algorithm.filter_groups.enable
+                         and cfg.algorithm.adv_estimator != "remax")
+        experience, scored = one_round(prompts, f"step{self.step}", in_background)
         if not cfg.algorithm.filter_groups.enable:
             return experience, scored, {}
         return sample_dynamically(experience, scored, one_round, self.next_prompts, cfg.algorithm.filter_groups,
                                   cfg.data.train_batch_size, f"step{self.step}")
+
+    def score_round(self, experience: Experience) -> Scores:
+        """The reward manager's scores of one generation round, overlong-shaped with the dapo reward manager."""
+        cfg = self.cfg
+        scored = score_experience(self.parts.reward_manager, experience)
+        if cfg.reward_model.reward_manager == "dapo" and cfg.reward_model.overlong_buffer.enable:
+            scored = shape_overlong(experience, scored, cfg.reward_model.overlong_buffer, cfg.data.max_response_length)
+        return scored
 
     def dump_rollouts(self, experience, scored, batch, order) -> None:
         """This step's samples to `trainer.rollout_data_dir`, in generation order (`order`: the
@@ -352,6 +372,8 @@ def run_rl(cfg: EmberConfig) -> int:
     try:
         trainer.fit()
     finally:
+        if trainer.reward_thread is not None:  # a step that failed may have left scoring under way
+            trainer.reward_thread.shutdown(wait=True, cancel_futures=True)
         trainer.parts.reward_manager.close()
         trainer.parts.shutdown()
         trainer.logger.close()
