@@ -19,8 +19,10 @@ import torch
 from torch import Tensor
 
 
+@functools.cache
 def varlen_available() -> bool:
-    """Whether PyTorch ships the flash-attention varlen kernel and a CUDA device is present."""
+    """Whether PyTorch ships the flash-attention varlen kernel and a CUDA device is present (asked once:
+    attention layers ask it on every call)."""
     return importlib.util.find_spec("torch.nn.attention.varlen") is not None and torch.cuda.is_available()
 
 

@@ -120,10 +120,10 @@ def in_dtype_buckets(named_tensors: Iterable[tuple[str, Tensor]], bucket_bytes: 
     buffer per bucket, filled by one foreach copy (a cast per tensor is a launch per tensor, which
     sets the pace of a small model's weight sync); tensors already in `dtype` pass as they are."""
     for bucket in in_buckets(named_tensors, bucket_bytes):
-        cast = [index for index, (_, tensor) in enumerate(bucket) if tensor.dtype != dtype]
-        by_device: dict[torch.device, list[int]] = {}
-        for index in cast:
-            by_device.setdefault(bucket[index][1].device, []).append(index)
+        by_device: dict[torch.device, list[int]] = {}  # the positions to cast, per device
+        for index, (_, tensor) in enumerate(bucket):
+            if tensor.dtype != dtype:
+                by_device.setdefault(tensor.device, []).append(index)
         for device, indices in by_device.items():
             sources = [bucket[index][1] for index in indices]
             buffer = torch.empty(sum(source.numel() for source in sources), dtype=dtype, device=device)

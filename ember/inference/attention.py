@@ -14,6 +14,7 @@ and no host sync (the lengths come from the host).
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -40,29 +41,46 @@ class AttentionInputs:
     """Tokens per block."""
     is_decode: bool
     """Every sequence has exactly one new token (the case a fused decode kernel handles)."""
-    most_queries: int | None = None
-    """Prefill: the longest sequence's tokens in this step, known on the host (None: asked of the device)."""
-    query_rows: Tensor | None = None
-    """Prefill: (tokens,) each flat token's row in the padded (sequences × most queries) layout
-    (None: found on the device by a boolean index, which syncs)."""
-    cu_query_lengths: Tensor | None = None
-    """Prefill: (sequences + 1,) int32 cumulative query lengths (the varlen kernel's sequence bounds)."""
+    host_query_lengths: list[int] | None = None
+    """Prefill: `query_lengths` as the host knows them; the longest, the padded rows and the cumulative
+    lengths follow from them without a sync (None: asked of the device, which syncs)."""
     fresh: bool = False
     """Prefill with no keys cached before this step (every sequence starts at position 0): each
     sequence attends to this step's own tokens only."""
     _masks: dict[int | None, Tensor] = field(default_factory=dict, repr=False)
 
     @cached_property
-    def _most_queries(self) -> int:
+    def most_queries(self) -> int:
+        """The longest sequence's tokens in this step."""
         # A decode step knows its shape without asking the device (no sync inside a CUDA graph).
         if self.is_decode:
             return 1
-        return self.most_queries if self.most_queries is not None else int(self.query_lengths.max())
+        if self.host_query_lengths is not None:
+            return max(self.host_query_lengths)
+        return int(self.query_lengths.max())
+
+    @cached_property
+    def query_rows(self) -> Tensor | None:
+        """(tokens,) each flat token's row in the padded (sequences × most queries) layout, from the host's
+        lengths (None without them: the rows are then found by a boolean index, which syncs)."""
+        if self.host_query_lengths is None:
+            return None
+        rows = [row * self.most_queries + offset for row, length in enumerate(self.host_query_lengths)
+                for offset in range(length)]
+        return torch.tensor(rows, device=self.query_lengths.device)
+
+    @cached_property
+    def cu_query_lengths(self) -> Tensor | None:
+        """(sequences + 1,) int32 cumulative query lengths from the host's (the varlen kernel's sequence bounds)."""
+        if self.host_query_lengths is None:
+            return None
+        return torch.tensor([0, *itertools.accumulate(self.host_query_lengths)], dtype=torch.int32,
+                            device=self.query_lengths.device)
 
     @cached_property
     def _query_offsets(self) -> Tensor:
         """(1, most queries) 0, 1, 2, ...: a query row's offset within its sequence's step."""
-        return torch.arange(self._most_queries, device=self.query_lengths.device)[None, :]
+        return torch.arange(self.most_queries, device=self.query_lengths.device)[None, :]
 
     @cached_property
     def query_valid(self) -> Tensor:
@@ -121,7 +139,7 @@ def paged_attention(
         return paged_decode_attention(
             queries, key_cache, value_cache, inputs.block_tables, inputs.context_lengths, scale, sliding_window
         )
-    if inputs.fresh and inputs.cu_query_lengths is not None and runs_on_kernel(queries, sliding_window):
+    if inputs.fresh and inputs.host_query_lengths is not None and runs_on_kernel(queries, sliding_window):
         return fresh_prefill_attention(queries, key_cache, value_cache, inputs, scale, sliding_window)
     return gathered_attention(queries, key_cache, value_cache, inputs, scale, sliding_window)
 

@@ -47,7 +47,6 @@ class ModelRunner:
         ]
         block_width = max(len(leader.block_table) for leader in leaders)
         lengths = [chunk.length for chunk in chunks]
-        most_queries = max(lengths)
         inputs = AttentionInputs(
             slot_mapping=self._tensor(slots),
             query_lengths=self._tensor(lengths),
@@ -55,10 +54,7 @@ class ModelRunner:
             block_tables=self._tensor([leader.block_table + [0] * (block_width - len(leader.block_table)) for leader in leaders]),
             block_size=self.block_manager.block_size,
             is_decode=False,
-            most_queries=most_queries,
-            query_rows=self._tensor([row * most_queries + offset for row, length in enumerate(lengths)
-                                     for offset in range(length)]),
-            cu_query_lengths=self._tensor([0, *itertools.accumulate(lengths)], torch.int32),
+            host_query_lengths=lengths,
             fresh=all(chunk.start == 0 for chunk in chunks),
         )
         self.prefill_tokens_computed += len(token_ids)
@@ -87,5 +83,5 @@ class ModelRunner:
                               additive=torch.tensor([injection.mode == "add" for injection in injections],
                                                     device=self.device))
 
-    def _tensor(self, values: list, dtype: torch.dtype = torch.long) -> Tensor:
-        return torch.tensor(values, dtype=dtype, device=self.device)
+    def _tensor(self, values: list) -> Tensor:
+        return torch.tensor(values, dtype=torch.long, device=self.device)

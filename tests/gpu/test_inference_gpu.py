@@ -83,8 +83,6 @@ def test_norm_and_swiglu_kernels_equal_their_pytorch_references(dtype, rows):
 def test_fresh_prefill_on_the_varlen_kernel_equals_gathered_attention(window):
     """A prefill of whole prompts (nothing cached before) reads its keys back from their slots and runs
     the flash varlen kernel; the gathered, masked reference must agree (bf16, grouped heads 7:1)."""
-    import itertools
-
     from ember.inference.attention import fresh_prefill_attention
 
     torch.manual_seed(0)
@@ -97,14 +95,10 @@ def test_fresh_prefill_on_the_varlen_kernel_equals_gathered_attention(window):
     tables = (1 + torch.randperm(blocks_each * len(lengths), device="cuda")).view(len(lengths), blocks_each)
     slots = [int(tables[row, position // block_size]) * block_size + position % block_size
              for row, length in enumerate(lengths) for position in range(length)]
-    most = max(lengths)
     inputs = AttentionInputs(
         slot_mapping=torch.tensor(slots, device="cuda"), query_lengths=torch.tensor(lengths, device="cuda"),
         context_lengths=torch.tensor(lengths, device="cuda"), block_tables=tables, block_size=block_size,
-        is_decode=False, most_queries=most, fresh=True,
-        query_rows=torch.tensor([row * most + offset for row, length in enumerate(lengths) for offset in range(length)],
-                                device="cuda"),
-        cu_query_lengths=torch.tensor([0, *itertools.accumulate(lengths)], device="cuda", dtype=torch.int32))
+        is_decode=False, host_query_lengths=lengths, fresh=True)
     queries = torch.randn(sum(lengths), heads, head_dim, device="cuda", dtype=torch.bfloat16)
     expected = gathered_attention(queries, key_cache, value_cache, inputs, head_dim**-0.5, window)
     actual = fresh_prefill_attention(queries, key_cache, value_cache, inputs, head_dim**-0.5, window)

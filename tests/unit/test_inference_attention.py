@@ -1,8 +1,6 @@
 """Prefill attention inputs the host knows (longest query, each token's padded row) give the same
 attention as asking the device; the flash path for fresh prefills is a GPU test (test_inference_gpu.py)."""
 
-import itertools
-
 import pytest
 import torch
 
@@ -21,11 +19,7 @@ def prefill_case(lengths, starts, block_size=4, kv_heads=2, heads=6, head_dim=8,
     tables = torch.arange(1, blocks).view(len(lengths), blocks_per_sequence)
     slots = [int(tables[row, position // block_size]) * block_size + position % block_size
              for row, (start, length) in enumerate(zip(starts, lengths)) for position in range(start, start + length)]
-    most = max(lengths)
-    host = dict(most_queries=most,
-                query_rows=torch.tensor([row * most + offset for row, length in enumerate(lengths) for offset in range(length)]),
-                cu_query_lengths=torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32),
-                fresh=all(start == 0 for start in starts)) if host_known else {}
+    host = dict(host_query_lengths=list(lengths), fresh=all(start == 0 for start in starts)) if host_known else {}
     inputs = AttentionInputs(slot_mapping=torch.tensor(slots), query_lengths=torch.tensor(lengths),
                              context_lengths=torch.tensor([s + n for s, n in zip(starts, lengths)]),
                              block_tables=tables, block_size=block_size, is_decode=False, **host)

@@ -21,6 +21,17 @@ def with_tp_rank(monkeypatch, rank: int, world: int) -> None:
     monkeypatch.setitem(sys.modules, "megatron.core", core)
 
 
+def rewritten_by_slices(monkeypatch, embeddings, mask, vectors, mode, world):
+    """The embeddings as each of `world` sequence-parallel ranks rewrites its own slice, joined again."""
+    part = embeddings.shape[1] // world
+    pieces = []
+    for rank in range(world):
+        with_tp_rank(monkeypatch, rank, world)
+        local_mask, local_vectors = _sequence_slice(mask, vectors, part)
+        pieces.append(rewrite_embeddings(embeddings[:, rank * part:(rank + 1) * part], local_mask, local_vectors, mode))
+    return torch.cat(pieces, dim=1)
+
+
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_the_slices_of_all_ranks_rewrite_what_the_whole_sequence_rewrites(monkeypatch, world):
     samples, length, hidden = 5, 12, 4
@@ -31,13 +42,7 @@ def test_the_slices_of_all_ranks_rewrite_what_the_whole_sequence_rewrites(monkey
     vectors = torch.arange(4 * hidden, dtype=torch.float32).reshape(4, hidden) + 100  # one row per injected sample
     embeddings = torch.randn(samples, length, hidden)
     whole = rewrite_embeddings(embeddings, mask, vectors, "replace")
-    part = length // world
-    pieces = []
-    for rank in range(world):
-        with_tp_rank(monkeypatch, rank, world)
-        local_mask, local_vectors = _sequence_slice(mask, vectors, part)
-        pieces.append(rewrite_embeddings(embeddings[:, rank * part:(rank + 1) * part], local_mask, local_vectors, "replace"))
-    assert torch.equal(torch.cat(pieces, dim=1), whole)
+    assert torch.equal(rewritten_by_slices(monkeypatch, embeddings, mask, vectors, "replace", world), whole)
 
 
 def test_a_length_that_is_neither_the_sequence_nor_a_slice_stops(monkeypatch):
@@ -55,11 +60,4 @@ def test_a_packed_row_hands_each_rank_the_vectors_of_its_own_tokens(monkeypatch,
     vectors = torch.arange(4 * hidden, dtype=torch.float32).reshape(4, hidden) + 100
     embeddings = torch.randn(1, length, hidden)
     whole = rewrite_embeddings(embeddings, mask, vectors, "add")
-    part = length // world
-    pieces = []
-    for rank in range(world):
-        with_tp_rank(monkeypatch, rank, world)
-        local_mask, local_vectors = _sequence_slice(mask, vectors, part)
-        local_embeddings = embeddings[:, rank * part:(rank + 1) * part]
-        pieces.append(rewrite_embeddings(local_embeddings, local_mask, local_vectors, "add"))
-    assert torch.equal(torch.cat(pieces, dim=1), whole)
+    assert torch.equal(rewritten_by_slices(monkeypatch, embeddings, mask, vectors, "add", world), whole)
