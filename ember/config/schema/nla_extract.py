@@ -44,7 +44,7 @@ class ExtractModelConfig:
     """The base model whose activations are explained."""
 
     name: str | None = field_(None, "HF model folder or hub id")
-    trust_remote_code: bool = field_(True, "allow model and tokenizer code shipped with the checkpoint to run")
+    trust_remote_code: bool = field_(False, "allow model and tokenizer code shipped with the checkpoint to run")
     layer_index: int = field_(
         10, "hidden_states index of the vectors (transformers' indexing: 0 = embeddings, L = output of decoder layer L)")
     model_dtype: DType = field_("fp32", "dtype of the forward pass")
