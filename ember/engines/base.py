@@ -81,6 +81,24 @@ class LossContext:
     """Data-parallel ranks sharing the mini-batch."""
 
 
+@dataclass(frozen=True)
+class DataLayout:
+    """Where one rank sits in its role's data layout, as the driver dispatches batches by it.
+
+    Ranks of one model replica (a tensor-, pipeline- or context-parallel group) share a
+    data-parallel rank: the driver gives them the same share of a batch, and takes that share's
+    outputs from the one rank of the replica that `returns_outputs`. Only data-parallel ranks
+    see different samples, so the world size is never the data-parallel size by itself.
+    """
+
+    dp_size: int
+    """Data-parallel ranks a batch is split over."""
+    dp_rank: int
+    """This rank's share of a batch, in [0, dp_size)."""
+    returns_outputs: bool = True
+    """Whether the driver collects this rank's results (exactly one rank per `dp_rank` does)."""
+
+
 LossFn = Callable[[ModelOutput, Batch, LossContext], tuple[Tensor, dict[str, float]]]
 """(micro-batch output, micro-batch, global counts) -> (this micro-batch's share of the loss, metrics).
 
@@ -124,6 +142,11 @@ class TrainEngine(ABC):
     """Data-parallel ranks this engine's batches are split over (the loss-scaling contract's N)."""
     dp_rank: int = 0
     """This process's index among them."""
+
+    def data_layout(self) -> DataLayout:
+        """This rank's place in the data layout; every rank returns outputs unless a backend
+        splits one replica over several ranks (Megatron's tensor and pipeline parallelism)."""
+        return DataLayout(self.dp_size, self.dp_rank)
 
     @property
     def syncs_live_parameters(self) -> bool:

@@ -19,7 +19,7 @@ from ember.algorithms import ClipConfig
 from ember.config import ConfigError
 from ember.config.schema import EmberConfig
 from ember.config.schema.rollout import STAND_IN_NAMES
-from ember.distributed.device import current_device, device_type, rank, request_device, world_size
+from ember.distributed.device import current_device, device_type, rank, request_device
 from ember.engines.base import MicroBatchSpec, TrainEngine
 from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
 from ember.engines.optim import OptimOptions
@@ -191,13 +191,12 @@ def import_external_libs(cfg: EmberConfig) -> None:
 
 
 def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int) -> dict[str, object]:
-    """The roles one process holds (see `rank_worker.py`), each sized for its data-parallel share:
-    "actor" (with "rollout" beside it), "reference", "critic"."""
+    """The roles one process holds (see `rank_worker.py`), each sized for its engine's data-parallel share
+    (`rank_share`): "actor" (with "rollout" beside it), "reference", "critic"."""
     import_external_libs(cfg)
     arr = cfg.actor_rollout_ref
     model_path = arr.model.path
     n = arr.rollout.n
-    dp_size = world_size()
     batch_samples = cfg.data.train_batch_size * n
     speed_switches = dict(use_remove_padding=arr.model.use_remove_padding,
                           use_fused_kernels=arr.model.use_fused_kernels, compile_layers=arr.actor.use_torch_compile,
@@ -214,7 +213,8 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
             actor_engine = build_engine(model_path, "actor", arr.model, actor_cfg.fsdp_config,
                                         optim_options(actor_cfg.optim, actor_cfg.grad_clip, total_steps, actor_updates),
                                         seed=cfg.trainer.seed, megatron=megatron_section(actor_cfg), **speed_switches)
-        mini_batch_samples = actor_cfg.ppo_mini_batch_size * n // dp_size
+        mini_batch_samples = rank_share(actor_cfg.ppo_mini_batch_size * n, actor_engine,
+                                        "actor_rollout_ref.actor.ppo_mini_batch_size × rollout.n")
         actor = Actor(actor_engine, ActorOptions(
             mini_batch_samples=mini_batch_samples,
             micro_batch=micro_batch_spec(actor_cfg.use_dynamic_bsz, actor_cfg.ppo_max_token_len_per_gpu,
@@ -263,11 +263,21 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
     return built
 
 
+def rank_share(samples: int, engine: TrainEngine, what: str) -> int:
+    """This rank's part of a mini-batch of `samples`: the engine's data-parallel size divides it (ranks of
+    one tensor- or pipeline-parallel replica take the same samples, so the world size is not the divisor)."""
+    if samples % engine.dp_size:
+        raise ConfigError(f"{what} = {samples} samples per mini-batch do not split over the {engine.dp_size} "
+                          "data-parallel ranks; choose a mini-batch size whose samples they divide")
+    return samples // engine.dp_size
+
+
 def build_critic(cfg: EmberConfig, total_steps: int) -> Critic:
     """This rank's PPO critic (value model), sized for its data-parallel share of the critic's batches."""
     critic = cfg.critic
-    return Critic(critic_engine(cfg, "critic", total_steps), CriticOptions(
-        **critic_batching(cfg), cliprange_value=critic.cliprange_value, loss_agg_mode=critic.loss_agg_mode,
+    engine = critic_engine(cfg, "critic", total_steps)
+    return Critic(engine, CriticOptions(
+        **critic_batching(cfg, engine), cliprange_value=critic.cliprange_value, loss_agg_mode=critic.loss_agg_mode,
         norm_length=cfg.data.max_response_length))
 
 
@@ -275,7 +285,7 @@ def build_reconstructor(cfg: EmberConfig, total_steps: int) -> Reconstructor:
     """This rank's NLA reconstructor, sized for its data-parallel share of the critic's batches."""
     engine = critic_engine(cfg, "reconstructor", total_steps, output_layer_index=cfg.critic.output_layer_index,
                            truncate_at_layer=cfg.critic.model.truncate_at_layer)
-    return Reconstructor(engine, ReconstructorOptions(**critic_batching(cfg)))
+    return Reconstructor(engine, ReconstructorOptions(**critic_batching(cfg, engine)))
 
 
 def critic_engine(cfg: EmberConfig, role: str, total_steps: int, **nla) -> TrainEngine:
@@ -287,10 +297,11 @@ def critic_engine(cfg: EmberConfig, role: str, total_steps: int, **nla) -> Train
                         use_remove_padding=critic.model.use_remove_padding, megatron=megatron_section(critic), **nla)
 
 
-def critic_batching(cfg: EmberConfig) -> dict:
-    """The `critic` section's batching for this rank (`CriticBatching`'s fields)."""
+def critic_batching(cfg: EmberConfig, engine: TrainEngine) -> dict:
+    """The `critic` section's batching for this rank of `engine` (`CriticBatching`'s fields)."""
     critic = cfg.critic
-    mini_batch_samples = critic.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n // world_size()
+    mini_batch_samples = rank_share(critic.ppo_mini_batch_size * cfg.actor_rollout_ref.rollout.n, engine,
+                                    "critic.ppo_mini_batch_size × rollout.n")
     micro = critic.ppo_micro_batch_size_per_gpu or mini_batch_samples
     return dict(mini_batch_samples=mini_batch_samples,
                 micro_batch=micro_batch_spec(critic.use_dynamic_bsz, critic.ppo_max_token_len_per_gpu, micro, micro),

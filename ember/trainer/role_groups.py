@@ -1,12 +1,16 @@
 """The roles as the trainer sees them: actor, reference, critic and rollout on a worker group.
 
 Each object here has the methods the RL loop needs and nothing about ranks, engines or
-Ray. A batch method splits the batch into one contiguous share per data-parallel rank (the
-order `trainer.balance_batch` balanced), runs the role's method on every rank of its group
-at once and joins the results in order; an update returns the metrics the engine already
-reduced over ranks. The rollout splits prompts the same way and renumbers the samples; each
-rank's share is seeded from its place in the whole batch, so the samples do not depend on how
-many ranks generate them (ember's engine).
+Ray. The one thing to know: a role's ranks report their data layout once (`DataLayout`:
+data-parallel size and rank, and whether the rank returns outputs), and every call is
+dispatched by it. A batch method splits the batch into one contiguous share per
+data-parallel rank (the order `trainer.balance_batch` balanced), gives each rank its
+data-parallel rank's share (all ranks of a tensor- or pipeline-parallel replica the same
+samples), runs the role's method on every rank at once and joins the shares' results, each
+taken from its replica's output rank; an update returns the metrics the engine already
+reduced over ranks. The rollout splits prompts the same way by its own layout (each rank a
+whole generation engine) and renumbers the samples; each share is seeded from its place in
+the whole batch, so the samples do not depend on how many ranks generate them (ember's engine).
 `start_update` returns a pending call, so roles in separate pools update at the same time.
 """
 
@@ -19,19 +23,22 @@ import torch
 
 from ember.data.batch import Batch
 from ember.distributed.worker_group import LocalWorkerGroup, Pending
+from ember.engines.base import DataLayout
 from ember.rollout import Injection, RolloutOutput, SamplingParams
 
 
 class RoleGroup:
-    """Role `role` on every rank of `group`, which is also its data-parallel group."""
+    """Role `role` on every rank of `group`, dispatched by the data layout its ranks report."""
 
     def __init__(self, group, role: str):
         self.group = group
         self.role = role
+        self.layouts: list[DataLayout] = self._run_all("data_layout")
+        self.output_ranks = output_ranks(self.layouts, f"{group.name}'s {role}")
 
     @property
     def dp_size(self) -> int:
-        return self.group.world_size
+        return len(self.output_ranks)
 
     def in_process(self) -> Any:
         """The role object itself when it lives in the driver's process (one-device runs, tests)."""
@@ -46,8 +53,9 @@ class RoleGroup:
         return self._start_all(method, *args).wait()
 
     def _start_split(self, method: str, batch: Batch, *args: Any, measured: bool = False) -> Pending:
-        """`method(share, *args)` on each rank with its contiguous share of `batch` (`measured`: each
-        rank's result comes with its seconds and peak memory, see `RankWorker.call_measured`)."""
+        """`method(share, *args)` on each rank with its data-parallel rank's contiguous share of `batch`
+        (every rank of one model replica the same share); the results in rank order, every rank's
+        (`measured`: each with its seconds and peak memory, see `RankWorker.call_measured`)."""
         if len(batch) % self.dp_size:
             raise ValueError(f"{self.role}.{method}: a batch of {len(batch)} samples does not split evenly over "
                              f"{self.dp_size} data-parallel ranks")
@@ -55,7 +63,23 @@ class RoleGroup:
         shares = [batch.select(range(start, start + size)) if self.dp_size > 1 else batch
                   for start in range(0, len(batch), size)]
         call = "call_measured" if measured else "call"
-        return self.group.start_each(call, [((self.role, method, share, *args), {}) for share in shares])
+        return self.group.start_each(call, [((self.role, method, shares[layout.dp_rank], *args), {})
+                                            for layout in self.layouts])
+
+    def _split_outputs(self, method: str, batch: Batch) -> list[Any]:
+        """`method` over `batch` split by data-parallel rank: each share's result, in the batch's order."""
+        results = self._start_split(method, batch).wait()
+        return [results[rank] for rank in self.output_ranks]
+
+
+def output_ranks(layouts: list[DataLayout], what: str) -> list[int]:
+    """The rank that returns each data-parallel share's results, in data-parallel order; a layout
+    whose ranks disagree (a share nobody returns, or two ranks returning one) is a bug, named here."""
+    returning = sorted((layout.dp_rank, rank) for rank, layout in enumerate(layouts) if layout.returns_outputs)
+    dp_size = layouts[0].dp_size
+    if any(layout.dp_size != dp_size for layout in layouts) or [dp_rank for dp_rank, _ in returning] != list(range(dp_size)):
+        raise RuntimeError(f"{what}: inconsistent data layout over its ranks: {layouts}")
+    return [rank for _, rank in returning]
 
 
 class TrainedRoleGroup(RoleGroup):
@@ -69,7 +93,7 @@ class TrainedRoleGroup(RoleGroup):
         def joined() -> dict[str, float]:
             results = pending.wait()
             seconds = [result[1] for result in results]
-            metrics = dict(results[0][0])
+            metrics = dict(results[self.output_ranks[0]][0])
             metrics.update({f"perf/{self.role}/update_seconds_max_rank": max(seconds),
                             f"perf/{self.role}/update_seconds_min_rank": min(seconds),
                             f"perf/{self.role}/peak_memory_gb": max(result[2] for result in results) / 2**30})
@@ -106,7 +130,7 @@ class ActorGroup(TrainedRoleGroup):
         return self.ppo_epochs > 1 or num_samples > self.mini_batch_samples
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
-        return torch.cat(self._start_split("compute_log_probs", batch).wait())
+        return torch.cat(self._split_outputs("compute_log_probs", batch))
 
 
 class ReferenceGroup(RoleGroup):
@@ -114,7 +138,7 @@ class ReferenceGroup(RoleGroup):
         super().__init__(group, "reference")
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
-        return torch.cat(self._start_split("compute_log_probs", batch).wait())
+        return torch.cat(self._split_outputs("compute_log_probs", batch))
 
 
 class CriticGroup(TrainedRoleGroup):
@@ -122,7 +146,7 @@ class CriticGroup(TrainedRoleGroup):
         super().__init__(group, "critic")
 
     def compute_values(self, batch: Batch) -> torch.Tensor:
-        return torch.cat(self._start_split("compute_values", batch).wait())
+        return torch.cat(self._split_outputs("compute_values", batch))
 
 
 class ReconstructorGroup(TrainedRoleGroup):
@@ -132,7 +156,7 @@ class ReconstructorGroup(TrainedRoleGroup):
         super().__init__(group, "critic")
 
     def predict(self, batch: Batch) -> torch.Tensor:
-        return torch.cat(self._start_split("predict", batch).wait())
+        return torch.cat(self._split_outputs("predict", batch))
 
 
 class RolloutGroup(RoleGroup):
@@ -144,15 +168,16 @@ class RolloutGroup(RoleGroup):
     def generate(self, prompts: list[list[int]], sampling: SamplingParams,
                  injections: list[Injection | None] | None = None) -> list[RolloutOutput]:
         """Samples grouped by prompt; NLA's `injections` (one per prompt) travel with each rank's prompts."""
-        bounds = [len(prompts) * rank // self.dp_size for rank in range(self.dp_size + 1)]
-        per_rank = [((self.role, "generate", prompts[bounds[rank]:bounds[rank + 1]],
-                      replace(sampling, first_prompt_index=sampling.first_prompt_index + bounds[rank]),
-                      None if injections is None else injections[bounds[rank]:bounds[rank + 1]]), {})
-                    for rank in range(self.dp_size)]
+        bounds = [len(prompts) * dp_rank // self.dp_size for dp_rank in range(self.dp_size + 1)]
+        per_rank = [((self.role, "generate", prompts[bounds[dp_rank]:bounds[dp_rank + 1]],
+                      replace(sampling, first_prompt_index=sampling.first_prompt_index + bounds[dp_rank]),
+                      None if injections is None else injections[bounds[dp_rank]:bounds[dp_rank + 1]]), {})
+                    for dp_rank in (layout.dp_rank for layout in self.layouts)]
+        results = self.group.run_each("call", per_rank)
         outputs = []
-        for rank, rank_outputs in enumerate(self.group.run_each("call", per_rank)):
-            for output in rank_outputs:
-                output.prompt_index += bounds[rank]
+        for dp_rank, rank in enumerate(self.output_ranks):
+            for output in results[rank]:
+                output.prompt_index += bounds[dp_rank]
                 outputs.append(output)
         return outputs
 

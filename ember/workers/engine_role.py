@@ -8,7 +8,7 @@ callers (the trainer, a Ray worker) never touch the engine.
 
 from __future__ import annotations
 
-from ember.engines.base import TrainEngine
+from ember.engines.base import DataLayout, TrainEngine
 
 
 class EngineRole:
@@ -16,6 +16,10 @@ class EngineRole:
 
     def __init__(self, engine: TrainEngine):
         self.engine = engine
+
+    def data_layout(self) -> DataLayout:
+        """Which share of a batch this rank takes, and whether the driver collects its results."""
+        return self.engine.data_layout()
 
     def save(self, path: str) -> None:
         """A resumable checkpoint of the engine under `path`; every rank of the role calls it."""

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import contextlib
 
+from ember.distributed.device import rank, world_size
+from ember.engines.base import DataLayout
 from ember.profiling import phase
 from ember.rollout import Injection, RolloutEngine, RolloutOutput, SamplingParams
 from ember.workers.actor import Actor
@@ -39,6 +41,11 @@ class PolicyRollout:
         self.synced_version: int | None = None
         self.synced_noise_step: int | None = None
         self.asleep = False
+
+    def data_layout(self) -> DataLayout:
+        """Each rank holds a whole generation engine (rollout tensor parallelism is 1), so every rank of
+        the pool generates its own share of the prompts, whatever the actor's training layout."""
+        return DataLayout(world_size(), rank())
 
     def use_noise(self, step: int | None) -> None:
         """Generate with the noise of training step `step` from now on, or with clean weights (None)."""

@@ -67,13 +67,14 @@ class RunInputs:
     reward_file: Path
 
 
-def prepare_inputs(directory: Path, arch: str = "qwen2") -> RunInputs:
-    """A tiny `arch` model, 64 train and 16 test arithmetic prompts and the test reward, under `directory`."""
+def prepare_inputs(directory: Path, arch: str = "qwen2", **model_sizes) -> RunInputs:
+    """A tiny `arch` model (`model_sizes` over its defaults), 64 train and 16 test arithmetic prompts and the
+    test reward, under `directory`."""
     directory.mkdir(parents=True, exist_ok=True)
     splits = make_arithmetic_splits("add2", TRAIN_SIZE, TEST_SIZE, seed=0)
     reward_file = directory / "test_reward.py"
     reward_file.write_text(REWARD_SOURCE)
-    return RunInputs(model_dir=make_tiny_model_dir(directory, arch),
+    return RunInputs(model_dir=make_tiny_model_dir(directory, arch, **model_sizes),
                      train_file=write_parquet(splits["train"], directory / "train.parquet"),
                      val_file=write_parquet(splits["test"], directory / "test.parquet"),
                      reward_file=reward_file)
@@ -112,9 +113,10 @@ def run_overrides(inputs: RunInputs, run_dir: Path, *extra: str) -> list[str]:
             *extra]
 
 
-def build_trainer(overrides: list[str]) -> RLTrainer:
+def build_trainer(overrides: list[str], use_ray: bool | None = None) -> RLTrainer:
+    """The trainer of `overrides`; `use_ray` puts even one rank in a Ray worker (see `build_components`)."""
     cfg = load_config(overrides)
-    return RLTrainer(cfg, build_components(cfg))
+    return RLTrainer(cfg, build_components(cfg, use_ray))
 
 
 def close(trainer: RLTrainer) -> None:
@@ -132,9 +134,9 @@ def fit(trainer: RLTrainer) -> dict[str, float]:
         close(trainer)
 
 
-def train(overrides: list[str]) -> RLTrainer:
-    """Builds and runs a trainer in this process; returns it after the run."""
-    trainer = build_trainer(overrides)
+def train(overrides: list[str], use_ray: bool | None = None) -> RLTrainer:
+    """Builds and runs a trainer (its driver in this process); returns it after the run."""
+    trainer = build_trainer(overrides, use_ray)
     fit(trainer)
     return trainer
 

@@ -18,8 +18,9 @@ TWO_RANKS = ["trainer.n_gpus_per_node=2"]
 
 
 def test_a_grpo_update_on_two_ranks_equals_the_one_process_update(inputs, tmp_path, local_ray):
-    one = build_trainer(run_overrides(inputs, tmp_path / "one"))
-    two = build_trainer(run_overrides(inputs, tmp_path / "two", *TWO_RANKS))
+    two_mini_batches = "actor_rollout_ref.actor.ppo_mini_batch_size=2"  # each divided over the data-parallel ranks
+    one = build_trainer(run_overrides(inputs, tmp_path / "one", two_mini_batches))
+    two = build_trainer(run_overrides(inputs, tmp_path / "two", two_mini_batches, *TWO_RANKS))
     try:
         assert two.parts.actor.dp_size == 2 and one.parts.actor.dp_size == 1
         prompts = next(iter(one.parts.train_loader))
@@ -31,7 +32,11 @@ def test_a_grpo_update_on_two_ranks_equals_the_one_process_update(inputs, tmp_pa
         assert batch.advantages.abs().sum() > 0
         torch.testing.assert_close(two.parts.actor.compute_log_probs(batch), one.parts.actor.compute_log_probs(batch),
                                    rtol=1e-5, atol=1e-5)
-        metrics_one, metrics_two = one.parts.actor.update(batch, 1), two.parts.actor.update(batch, 1)
+        # Each rank cuts its contiguous half into mini-batches of 4, as verl's workers do: optimizer step k
+        # takes rank 0's k-th and rank 1's k-th 4 samples, which one process takes when given them in that order.
+        as_two_ranks_take_them = [*range(0, 4), *range(8, 12), *range(4, 8), *range(12, 16)]
+        metrics_one = one.parts.actor.update(batch.select(as_two_ranks_take_them), 1)
+        metrics_two = two.parts.actor.update(batch, 1)
         assert metrics_two["actor/grad_norm"] == pytest.approx(metrics_one["actor/grad_norm"], rel=1e-4)
         one.parts.actor.export_hf(str(tmp_path / "one-hf"))
         two.parts.actor.export_hf(str(tmp_path / "two-hf"))

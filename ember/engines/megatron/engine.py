@@ -49,7 +49,7 @@ from torch import Tensor, nn
 
 from ember.data.batch import Batch
 from ember.distributed.device import current_device, device_type
-from ember.engines.base import LossContext, LossFn, MicroBatchSpec, ModelOutput, TrainEngine
+from ember.engines.base import DataLayout, LossContext, LossFn, MicroBatchSpec, ModelOutput, TrainEngine
 from ember.engines.batching import in_dtype_buckets, join_outputs, loss_context, micro_batches
 from ember.engines.fused_log_probs import fused_log_probs
 from ember.engines.log_probs import replaced_forward
@@ -128,6 +128,15 @@ class MegatronEngine(TrainEngine):
         self.optimizer_steps = 0  # what the learning-rate schedule counts
         self.offloader = MegatronOffload(params=options.param_offload, grads=options.grad_offload and options.trains,
                                          optimizer=options.optimizer_offload and options.trains)
+
+    def data_layout(self) -> DataLayout:
+        """Every rank of a tensor/pipeline/context-parallel group takes its data-parallel rank's
+        samples; the first tensor- and context-parallel rank of the last pipeline stage returns them."""
+        from megatron.core import parallel_state as mpu
+
+        outputs = (mpu.get_tensor_model_parallel_rank() == 0 and mpu.get_context_parallel_rank() == 0
+                   and mpu.is_pipeline_last_stage())
+        return DataLayout(self.dp_size, self.dp_rank, outputs)
 
     def _prepare_reconstructor(self, chunks: list[nn.Module]) -> nn.Module:
         """The module whose output the reconstructor predicts from, with the parameters it does not reach
