@@ -23,8 +23,9 @@ from ember.trainer.startup import StartUp
 logger = logging.getLogger(__name__)
 
 
-def build_nla_components(cfg: NLATrainConfig) -> tuple[RLComponents, list[int]]:
-    """The driver's parts of an NLA run, and the token ids of `critic.critic_prompt` (none when unset)."""
+def build_nla_components(cfg: NLATrainConfig, use_ray: bool | None = None) -> tuple[RLComponents, list[int]]:
+    """The driver's parts of an NLA run, and the token ids of `critic.critic_prompt` (none when unset);
+    `use_ray` as `rl_setup.build_worker_groups` takes it."""
     arr, data = cfg.actor_rollout_ref, cfg.data
     startup = StartUp()
     with startup.phase("data"):
@@ -39,7 +40,7 @@ def build_nla_components(cfg: NLATrainConfig) -> tuple[RLComponents, list[int]]:
     total_steps = total_training_steps(cfg, len(loader))
     warn_overridden_settings(cfg, total_steps)
     with startup.phase("roles"):
-        groups = build_worker_groups(cfg, total_steps)
+        groups = build_worker_groups(cfg, total_steps, use_ray)
     n = arr.rollout.n
     parts = RLComponents(
         tokenizer=tokenizer, train_loader=loader, val_dataset=None,

@@ -7,7 +7,8 @@ pipeline-parallel replica must take the same samples (the trainer dispatches by 
 data layout), and each mini-batch must be divided by the data-parallel size, not the world size.
 Generation (ember's engine on every rank, seeded by each sample's place in the batch) draws
 the same tokens at every layout, so every logged metric of both steps and the exported weights
-must match.
+must match. The same for PPO with a Megatron critic and for NLA with actor and reconstructor on
+Megatron at TP=2.
 """
 
 from __future__ import annotations
@@ -96,4 +97,54 @@ def test_ppo_with_a_megatron_critic_at_tensor_parallel_2_equals_the_one_rank_ste
     expected = run(inputs, tmp_path / "one", 1, *ppo)
     got = run(inputs, tmp_path / "two", 2, *ppo, *sizes("actor", tp=2), *sizes("critic", tp=2))
     assert "critic/grad_norm" in got[0][1] and "critic/vf_loss" in got[0][2]
+    assert_same_run(got, expected)
+
+
+NLA_RUN = Path(__file__).resolve().parents[1] / "nla_configs"
+
+
+def run_nla(model_dir: Path, train_file: Path, run_dir: Path, ranks: int, *layout: str) -> tuple[dict, dict]:
+    """Two NLA GRPO steps of the fork's 7B run file on the tiny model, actor and reconstructor on Megatron."""
+    from ember.config.loader import load_config
+    from ember.config.schema.nla_train import NLATrainConfig
+    from ember.trainer.nla_rl import NLARLTrainer
+    from ember.trainer.nla_setup import build_nla_components
+
+    overrides = [f"actor_rollout_ref.model.path={model_dir}", f"critic.model.path={model_dir}",
+                 "critic.output_layer_index=1", f"data.train_files=[{train_file}]", "data.val_files=null",
+                 f"trainer.n_gpus_per_node={ranks}", "trainer.device=cpu", "trainer.logger=[console]",
+                 "nla_eval.enabled=false", f"trainer.default_local_dir={run_dir}", "data.train_batch_size=4",
+                 "actor_rollout_ref.actor.ppo_mini_batch_size=8", "actor_rollout_ref.rollout.n=4",
+                 "trainer.total_training_steps=2", "data.max_response_length=8", "data.max_prompt_length=64",
+                 "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_mini_batch_size=8",
+                 "critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-3", "critic.critic_prompt='Summary:'",
+                 "trainer.save_freq=-1", "actor_rollout_ref.rollout.name=ember",
+                 "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
+                 "critic.strategy=megatron", "actor_rollout_ref.actor.megatron.param_dtype=float32",
+                 "actor_rollout_ref.ref.megatron.param_dtype=float32", "critic.megatron.param_dtype=float32", *layout]
+    cfg = load_config(overrides, str(NLA_RUN), "runs/qwen_7b/rl_grpo", schema=NLATrainConfig)
+    parts, critic_prompt_ids = build_nla_components(cfg, use_ray=True)
+    trainer = NLARLTrainer(cfg, parts, critic_prompt_ids)
+    try:
+        trainer.fit()
+    finally:
+        trainer.parts.shutdown()
+        trainer.logger.close()
+    return metrics_by_step(run_dir), hf_weights(run_dir / "critic_hf_model")
+
+
+def test_nla_with_actor_and_reconstructor_at_tensor_parallel_2_equals_the_one_rank_run(tmp_path, megatron_ray):
+    import random
+
+    from ember.data.parquet import write_parquet
+    from fixtures import make_nla_model_dir, nla_rl_row
+
+    model_dir = make_nla_model_dir(tmp_path)
+    rng = random.Random(0)
+    train = write_parquet([nla_rl_row([rng.gauss(0, 1) for _ in range(64)], sample_uuid=f"u{i}") for i in range(8)],
+                          tmp_path / "rl_train_layer1.parquet")
+    expected = run_nla(model_dir, train, tmp_path / "one", 1)
+    got = run_nla(model_dir, train, tmp_path / "two", 2, *sizes("actor", tp=2), *sizes("ref", tp=2),
+                  *sizes("critic", tp=2))
+    assert got[0][1]["critic/critic_loss"] > 0 and "critic/fve" in got[0][2]
     assert_same_run(got, expected)
