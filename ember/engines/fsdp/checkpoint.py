@@ -3,10 +3,13 @@
 A checkpoint directory holds `model/` and `optim/` written by torch.distributed.checkpoint
 (each rank writes its own shards; a checkpoint loads at any world size) and
 `engine_state.json` with the learning-rate schedule's position. Every rank calls `save` and
-`load`. `checkpoint_problem` checks a directory before a load without reading its shards: the
-DCP metadata lists every shard with the bytes it must hold, so a missing or cut-short shard
-shows from the file sizes. `export_hf_model` gathers the full weights on rank 0 and writes what
-`from_pretrained` reads; it is an output for users, not a resume point.
+`load`. `checkpoint_problem` checks a directory before a load without reading its shards
+(`dcp_folder.py`: the metadata, read within `safe_pickle`'s allow-list, lists every shard with
+the bytes it must hold, so a missing or cut-short shard shows from the file sizes); `load` reads
+the metadata and the non-tensor entries (the optimizer's param_groups) through `safe_pickle` too,
+so no pickle of a checkpoint that came from elsewhere runs code. `export_hf_model` gathers the
+full weights on rank 0 and writes what `from_pretrained` reads; it is an output for users, not a
+resume point.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LRScheduler
 
 from ember.distributed.device import rank
+from ember.engines.dcp_folder import dcp_folder_problem
+from ember.engines.safe_pickle import RestrictedFileSystemReader, RestrictedLoadPlanner
 from ember.models.loading import build_model_on_meta
 
 ENGINE_STATE_FILE = "engine_state.json"
@@ -52,21 +57,27 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optimizer | None, lr
         raise FileNotFoundError(f"{state_file} not found: {path!r} is not a checkpoint written by "
                                 "the FSDP engine's save")
     model_state = get_model_state_dict(model)
-    dcp.load(model_state, checkpoint_id=os.path.join(path, "model"))
+    _load_dcp(model_state, os.path.join(path, "model"))
     set_model_state_dict(model, model_state)
     if optimizer is not None:
         optimizer_state = get_optimizer_state_dict(model, optimizer)
-        dcp.load(optimizer_state, checkpoint_id=os.path.join(path, "optim"))
+        _load_dcp(optimizer_state, os.path.join(path, "optim"))
         set_optimizer_state_dict(model, optimizer, optimizer_state)
     if lr_scheduler is not None:
         with open(state_file) as file:
             lr_scheduler.load_state_dict(json.load(file)["lr_scheduler"])
 
 
+def _load_dcp(state_dict: dict, folder: str) -> None:
+    """`dcp.load` with the metadata and non-tensor entries unpickled through the allow-lists."""
+    dcp.load(state_dict, storage_reader=RestrictedFileSystemReader(folder), planner=RestrictedLoadPlanner())
+
+
 def checkpoint_problem(path: str, with_optimizer: bool) -> str | None:
     """What would keep `load_checkpoint` from reading `path`, naming the file, or None: the
     schedule's state parses, and in `model/` (and `optim/` when `with_optimizer`) the DCP
-    metadata reads and every shard it lists is there and as long as the metadata says."""
+    metadata reads within the allow-list and every shard it lists is there and as long as the
+    metadata says (`dcp_folder_problem`)."""
     state_file = os.path.join(path, ENGINE_STATE_FILE)
     if not os.path.isfile(state_file):
         return f"{state_file} is missing"
@@ -78,29 +89,9 @@ def checkpoint_problem(path: str, with_optimizer: bool) -> str | None:
     if not isinstance(state, dict) or "lr_scheduler" not in state:
         return f"{state_file} has no lr_scheduler entry; it was not written by the FSDP engine's save"
     for folder in ("model", "optim") if with_optimizer else ("model",):
-        problem = _dcp_folder_problem(os.path.join(path, folder))
+        problem = dcp_folder_problem(os.path.join(path, folder))
         if problem is not None:
             return problem
-    return None
-
-
-def _dcp_folder_problem(folder: str) -> str | None:
-    metadata_file = os.path.join(folder, ".metadata")
-    if not os.path.isfile(metadata_file):
-        return f"{metadata_file} is missing"
-    try:
-        storage = dcp.FileSystemReader(folder).read_metadata().storage_data
-        needed: dict[str, int] = {}  # shard file -> the bytes its items span
-        for item in storage.values():
-            needed[item.relative_path] = max(needed.get(item.relative_path, 0), item.offset + item.length)
-    except Exception as error:  # a damaged pickle raises whatever its bytes lead to
-        return f"{metadata_file} does not load, it is cut short or damaged ({type(error).__name__}: {error})"
-    for name, size in sorted(needed.items()):
-        shard = os.path.join(folder, name)
-        if not os.path.isfile(shard):
-            return f"{shard} is missing (its .metadata lists it)"
-        if os.path.getsize(shard) < size:
-            return f"{shard} is cut short: {os.path.getsize(shard)} bytes where its .metadata lists {size}"
     return None
 
 

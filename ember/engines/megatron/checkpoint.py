@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ember.engines.dcp_folder import dcp_folder_problem
 from ember.engines.megatron.bridge import unwrapped
 
 _REQUIRED = ("metadata.json",)
@@ -108,7 +109,10 @@ def _set_step_counts(optimizer, steps: int) -> None:
 
 
 def checkpoint_problem(path: str, extra_files: list[str]) -> str | None:
-    """None when `path` holds the files a load reads; else which one is missing or empty."""
+    """None when `path` holds the files a load reads; else which one is missing, empty, cut short or
+    holds a pickle that would run code. megatron-core's load reads the DCP metadata and its sharded
+    objects with plain pickle, so `dcp_folder_problem` reads both first within the allow-lists
+    (`common.pt` megatron-core reads with torch.load's default, weights_only)."""
     if not os.path.isdir(path):
         return f"{path} is not a folder"
     for name in (*_REQUIRED, *extra_files):
@@ -118,7 +122,7 @@ def checkpoint_problem(path: str, extra_files: list[str]) -> str | None:
         file = os.path.join(path, name)
         if os.path.isfile(file) and os.path.getsize(file) == 0:
             return f"{file} is empty"
-    return None
+    return dcp_folder_problem(path, read_entries=True)
 
 
 def export_hf(out_dir: str, bridge, chunks: list[nn.Module], model_path: str, tokenizer=None,
