@@ -6,7 +6,8 @@ row and the column. Rows are never dropped silently: a bad row is a `DatasetErro
 a file pyarrow cannot read (empty, truncated, not parquet, a corrupt page): every parquet read
 goes through `read_parquet_schema` / `read_parquet_table`, which name the file. Files are
 written as a set (`write_parquet_files`): all under temporary names first, then renamed, so a
-failure leaves the files that were there before untouched.
+failure leaves the files that were there before untouched; a command whose output would replace
+one of its own input files is refused before it reads anything (`check_outputs_spare_inputs`).
 """
 
 from __future__ import annotations
@@ -177,6 +178,17 @@ def _read_json_lines(path: str, required: Mapping[str, str | None]) -> list[Sour
                 raise row.error(column, f"missing (keys present: {', '.join(values) or 'none'})")
         rows.append(SourceRow(path, index, values))
     return rows
+
+
+def check_outputs_spare_inputs(outputs: Iterable[PathLike], inputs: Iterable[PathLike]) -> None:
+    """Refuses to write any of `outputs` that is one of `inputs` (the same file, by whatever path): the
+    user's source would be replaced by its conversion."""
+    existing_inputs = [source for source in inputs if os.path.isfile(source)]
+    for output in outputs:
+        for source in existing_inputs:
+            if os.path.isfile(output) and os.path.samefile(output, source):
+                raise DatasetError(f"{source} is an input of this command, and its output {output} would replace it; "
+                                   "write the output to another path")
 
 
 def write_parquet(rows: list[dict[str, Any]], path: PathLike, metadata: Mapping[str, str] | None = None) -> Path:

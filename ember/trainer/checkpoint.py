@@ -4,7 +4,10 @@ pruned to the newest `keep`, found again on resume.
 A checkpoint is written under a temporary name (`.global_step_N.tmp`) and renamed when every
 file is in place, so a crash mid-save never leaves a directory that looks complete. The
 newest complete step is also recorded in `latest_checkpointed_iteration.txt` (verl's name).
-What a resume does with the checkpoints found here (check, load, fall back) is `resume.py`.
+Steps are compared as numbers (global_step_10 comes after global_step_9), and keep-N prunes only
+the run's own checkpoints: the ones it wrote and, after a resume from this folder, the ones up to
+the step it resumed from, never another run's. What a resume does with the checkpoints found here
+(check, load, fall back) is `resume.py`; who may write in the folder at all is `run_folder.py`.
 """
 
 from __future__ import annotations
@@ -63,6 +66,12 @@ class CheckpointManager:
         self.root = root
         self.keep = keep
         self.is_writer = is_writer
+        self.written: set[int] = set()  # steps this run saved
+        self.resumed_step: int | None = None  # the step of this folder the run resumed from, if any
+
+    def resumed_at(self, step: int) -> None:
+        """The run resumed from `global_step_<step>` of this folder: the checkpoints up to it are its past."""
+        self.resumed_step = step
 
     def save(self, step: int, write: Callable[[str], None], barrier: Callable[[], None] = lambda: None) -> str:
         """Call `write(tmp_dir)` on every rank, then publish `global_step_N` atomically."""
@@ -79,14 +88,18 @@ class CheckpointManager:
             os.replace(tmp, final)
             with open(os.path.join(self.root, TRACKER_FILE), "w", encoding="utf-8") as handle:
                 handle.write(str(step))
+            self.written.add(step)
             self._prune()
         barrier()
         return final
 
     def _prune(self) -> None:
+        """Deletes the run's own checkpoints but the newest `keep`."""
         if not self.keep or self.keep <= 0:
             return
-        for _, path in list_checkpoints(self.root)[: -self.keep]:
+        own = [path for step, path in list_checkpoints(self.root)
+               if step in self.written or (self.resumed_step is not None and step <= self.resumed_step)]
+        for path in own[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
 
     def resume_candidates(self, resume_mode: str, resume_from_path: str | None) -> list[str]:

@@ -21,11 +21,17 @@ needs) and DCP gathers read errors from all ranks, so the ranks fail and fall ba
 warning naming each one skipped, why, and the one resumed from instead; when checkpoints exist
 but none loads, the run stops with an error rather than start from scratch. `resume_path`
 loads the checkpoint it names or stops with an error.
+
+Whether a checkpoint was written for the model the run builds at all is checked before any work
+(`run_folder.check_run_folder`) by `model_mismatch`: the tensors and shapes an FSDP checkpoint's
+DCP metadata lists against those of the model built on the meta device as the engine builds it,
+so that another architecture's checkpoint is refused by name rather than loaded key by key.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import pickle
@@ -35,8 +41,13 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import get_model_state_dict
+from transformers import PretrainedConfig
 
 from ember.engines.base import TrainEngine
+from ember.engines.safe_pickle import RestrictedFileSystemReader
+from ember.models.loading import build_model_on_meta, load_model_config
 from ember.trainer.checkpoint import CheckpointError, CheckpointManager, CheckpointProblem
 from ember.trainer.run_state import SavedRunState, read_run_state
 
@@ -81,7 +92,9 @@ def resume_from_checkpoint(checkpoints: CheckpointManager, resume_mode: str, res
     if skipped:
         listed = "".join(f"\n  - {path}: {problem}" for path, problem in skipped)
         raise CheckpointError(f"none of the {len(skipped)} checkpoint(s) in {checkpoints.root} can be loaded:{listed}\n"
-                              "Repair or delete them, or set trainer.resume_mode=disable to start from scratch")
+                              "Repair or delete them, set trainer.default_local_dir to another folder, or set "
+                              "trainer.resume_mode=disable with trainer.overwrite_default_local_dir=true to delete "
+                              "them and start from scratch")
     return None
 
 
@@ -124,3 +137,61 @@ def _first_failure(error: BaseException) -> str:
         error = next(iter(error.failures.values()))[0]
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
+
+
+@dataclass(frozen=True)
+class CheckpointedModel:
+    """The model of one engine a checkpoint holds (the engine's folder in `global_step_N`), as the run builds
+    it: from `path` (named by the config key `key`), with a value head for a critic, `overrides` being
+    `model.override_config`."""
+
+    folder: str
+    key: str
+    path: str
+    value_head: bool = False
+    overrides: dict[str, Any] | None = None
+    trust_remote_code: bool = False
+
+    def config(self) -> PretrainedConfig:
+        return load_model_config(self.path, value_head=self.value_head, overrides=self.overrides,
+                                 trust_remote_code=self.trust_remote_code)
+
+    @functools.cached_property
+    def architecture(self) -> str:
+        """The model's class as its config.json names it (e.g. Qwen2ForCausalLM)."""
+        names = load_model_config(self.path, trust_remote_code=self.trust_remote_code).architectures
+        return names[0] if names else "unknown architecture"
+
+    @functools.cached_property
+    def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each tensor of the model's state dict, as the FSDP engine saves it, with its full shape."""
+        model = build_model_on_meta(self.config(), value_head=self.value_head, trust_remote_code=self.trust_remote_code)
+        return {name: tuple(tensor.shape) for name, tensor in get_model_state_dict(model).items()}
+
+
+def saved_tensor_shapes(folder: str) -> dict[str, tuple[int, ...]] | None:
+    """The tensors a DCP checkpoint folder holds with their full shapes, from its `.metadata`; None when it has no
+    readable one (another engine's format, or damage the engine's own check reports when the checkpoint loads)."""
+    if not os.path.isfile(os.path.join(folder, ".metadata")):
+        return None
+    try:
+        metadata = RestrictedFileSystemReader(folder).read_metadata()  # a received checkpoint: no code runs
+    except Exception:  # a damaged pickle raises whatever its bytes lead to; `checkpoint_problem` names it
+        return None
+    return {name: tuple(item.size) for name, item in metadata.state_dict_metadata.items()
+            if isinstance(item, TensorStorageMetadata)}
+
+
+def model_mismatch(folder: str, saved: dict[str, tuple[int, ...]], model: CheckpointedModel) -> str | None:
+    """How the tensors an engine's checkpoint `folder` holds (`saved`, from `saved_tensor_shapes`) differ from
+    those of the model the run builds (tensors only one of them has, shapes that differ; the first few), or
+    None when they agree."""
+    expected = model.tensor_shapes
+    differences = [f"{name} is in the checkpoint, not in the model" for name in sorted(saved.keys() - expected.keys())]
+    differences += [f"{name} is in the model, not in the checkpoint" for name in sorted(expected.keys() - saved.keys())]
+    differences += [f"{name} is {list(saved[name])} in the checkpoint, {list(expected[name])} in the model"
+                    for name in sorted(saved.keys() & expected.keys()) if saved[name] != expected[name]]
+    if not differences:
+        return None
+    more = f" (and {len(differences) - 3} more)" if len(differences) > 3 else ""
+    return f"{folder} does not fit {model.key}={model.path} ({model.architecture}): {'; '.join(differences[:3])}{more}"

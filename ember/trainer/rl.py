@@ -37,6 +37,7 @@ from ember.trainer.metrics import compute_data_metrics, compute_timing_metrics, 
 from ember.trainer.rank_setup import use_configured_device
 from ember.trainer.rl_setup import RLComponents, build_components
 from ember.trainer.resume import resume_from_checkpoint
+from ember.trainer.run_folder import claim_run_folder
 from ember.trainer.run_state import save_run_state
 from ember.trainer.step_profiler import StepProfiler
 from ember.trainer.summary import finish_rl_run
@@ -325,15 +326,13 @@ class RLTrainer:
         return section.checkpoint.save_contents
 
     def resume(self) -> None:
-        """Writes the resolved config to the run directory, continues from the checkpoint
-        `trainer.resume_mode` picks (see resume.py), and starts the metric log there."""
+        """Continues from the checkpoint `trainer.resume_mode` picks (see resume.py); only then takes the run
+        directory (run_folder.py) and writes the resolved config there, and starts the metric log."""
         trainer = self.cfg.trainer
-        if rank() == 0:
-            os.makedirs(self.run_dir, exist_ok=True)
-            with open(os.path.join(self.run_dir, "config.yaml"), "w", encoding="utf-8") as handle:
-                handle.write(config_to_yaml(self.cfg))
         resumed = resume_from_checkpoint(self.checkpoints, trainer.resume_mode, trainer.resume_from_path,
                                          self.checkpointed_roles(), RUN_STATE_KEYS)
+        claim_run_folder(self.checkpoints, resumed.path if resumed else None, trainer.overwrite_default_local_dir,
+                         config_to_yaml(self.cfg))
         if resumed is None:
             self.logger.start(None)
             return

@@ -22,10 +22,11 @@ from ember.config.placement import Placement, Pool, plan_placement
 from ember.distributed.ray_cluster import start_ray, write_timeline
 from ember.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from ember.rewards import RewardManager, resolve_reward_fn
-from ember.trainer.checkpoint import check_resume_path
 from ember.trainer.rank_setup import import_external_libs, load_tokenizer, run_noise_injection, stop_token_ids
 from ember.trainer.rank_worker import RankWorker
+from ember.trainer.resume import CheckpointedModel
 from ember.trainer.role_groups import ActorGroup, CriticGroup, ReferenceGroup, RolloutGroup
+from ember.trainer.run_folder import check_run_folder
 from ember.trainer.startup import StartUp
 from ember.workers.noise_injection import NoiseInjection
 
@@ -147,7 +148,8 @@ def check_output_dir(key: str, path: str) -> None:
 
 def check_input_paths(cfg: EmberConfig) -> None:
     """Stops a run before any work when a model, tokenizer, data file, reward file or
-    checkpoint it names does not exist, or its output folder cannot be written, naming the key to change."""
+    checkpoint it names does not exist, or its output folder cannot be written, naming the key to change;
+    or when its resume or fresh start would lose another run's work (`run_folder.check_run_folder`)."""
     arr = cfg.actor_rollout_ref
     if arr.model.path is None:
         raise ConfigError("actor_rollout_ref.model.path is not set; point it at a Hugging Face model folder or hub id "
@@ -179,9 +181,20 @@ def check_input_paths(cfg: EmberConfig) -> None:
     check_data_files("custom_reward_function.path", cfg.custom_reward_function.path)
     check_data_files("data.train_files", cfg.data.train_files)
     check_data_files("data.val_files", cfg.data.val_files)
-    if cfg.trainer.resume_mode == "resume_path":
-        check_resume_path(cfg.trainer.resume_from_path)
     check_output_dir("trainer.default_local_dir", cfg.trainer.default_local_dir)
+    check_run_folder(cfg.trainer, checkpointed_models(cfg))
+
+
+def checkpointed_models(cfg: EmberConfig) -> list[CheckpointedModel]:
+    """The models a checkpoint of this run holds, the policy first, as a resume checks them: the actor and a
+    PPO critic (NLA's reconstructor, cut after a layer, is not checked)."""
+    model, critic = cfg.actor_rollout_ref.model, cfg.critic.model
+    models = [CheckpointedModel("actor", "actor_rollout_ref.model.path", model.path, overrides=model.override_config,
+                                trust_remote_code=model.trust_remote_code)]
+    if uses_critic(cfg) and getattr(cfg, "nla", None) is None and critic.path is not None:
+        models.append(CheckpointedModel("critic", "critic.model.path", critic.path, value_head=True,
+                                        overrides=critic.override_config, trust_remote_code=critic.trust_remote_code))
+    return models
 
 
 def build_dataset(files, tokenizer, cfg: EmberConfig) -> RLDataset:

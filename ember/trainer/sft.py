@@ -42,7 +42,8 @@ from ember.trainer.experiment_trackers import TrackedRun
 from ember.trainer.faults import BadStepGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.plot import plot_curves
-from ember.trainer.resume import resume_from_checkpoint
+from ember.trainer.resume import CheckpointedModel, resume_from_checkpoint
+from ember.trainer.run_folder import check_run_folder, claim_run_folder
 from ember.trainer.rank_setup import build_engine, megatron_section, use_configured_device
 from ember.trainer.rl_setup import check_data_files, check_megatron_sizes, check_model_path, check_output_dir
 from ember.trainer.run_state import save_run_state
@@ -189,15 +190,13 @@ class SFTTrainer:
         return True
 
     def resume(self) -> None:
-        """Write the resolved config to the run directory, continue from the checkpoint
-        `trainer.resume_mode` picks, if any (see resume.py), and start the metric log there."""
+        """Continue from the checkpoint `trainer.resume_mode` picks, if any (see resume.py); only then take the
+        run directory (run_folder.py) and write the resolved config there, and start the metric log."""
         trainer = self.cfg.trainer
-        if self.rank == 0:
-            os.makedirs(self.run_dir, exist_ok=True)
-            with open(os.path.join(self.run_dir, "config.yaml"), "w", encoding="utf-8") as handle:
-                handle.write(config_to_yaml(self.cfg))
         resumed = resume_from_checkpoint(self.checkpoints, trainer.resume_mode, trainer.resume_from_path,
                                          [(ENGINE_DIR, self.engine)], RUN_STATE_KEYS)
+        claim_run_folder(self.checkpoints, resumed.path if resumed else None, trainer.overwrite_default_local_dir,
+                         config_to_yaml(self.cfg))
         if resumed is None:
             self.logger.start(None)
             return
@@ -268,9 +267,21 @@ def _every(frequency: int, step: int) -> bool:
     return frequency > 0 and step % frequency == 0
 
 
+def sft_checkpointed_models(cfg: SFTConfig) -> list[CheckpointedModel]:
+    """The model a checkpoint of this run holds, as a resume checks it: the fine-tuned causal LM (an NLA
+    reconstructor, `nla.train_mode=critic`, is built otherwise and not checked)."""
+    nla = getattr(cfg, "nla", None)
+    if nla is not None and nla.train_mode == "critic":
+        return []
+    model = cfg.model
+    return [CheckpointedModel(ENGINE_DIR, "model.partial_pretrain", model.partial_pretrain,
+                              trust_remote_code=model.trust_remote_code)]
+
+
 def check_sft_config(cfg: SFTConfig) -> None:
     """What only a real run needs: a model folder, data files that exist, an output folder that can be
-    written, and as many processes as the config names (the RL run's checks, `rl_setup.check_input_paths`)."""
+    written without losing another run's work (`run_folder.check_run_folder`), and as many processes as the
+    config names (the RL run's checks, `rl_setup.check_input_paths`)."""
     if cfg.model.partial_pretrain is None:
         raise ConfigError("model.partial_pretrain is not set; point it at a Hugging Face model directory or hub id "
                           "to fine-tune (the built-in demo is `ember train` with no arguments)")
@@ -284,6 +295,7 @@ def check_sft_config(cfg: SFTConfig) -> None:
     check_data_files("data.train_files", cfg.data.train_files)
     check_data_files("data.val_files", cfg.data.val_files)
     check_output_dir("trainer.default_local_dir", cfg.trainer.default_local_dir)
+    check_run_folder(cfg.trainer, sft_checkpointed_models(cfg))
     configured = configured_world_size(cfg.trainer)
     if world_size() != configured:
         raise ConfigError(f"trainer.nnodes × trainer.n_gpus_per_node = {configured} but this run has {world_size()} "

@@ -67,14 +67,16 @@ def test_resume_modes_choose_the_starting_point(inputs, tmp_path, capsys):
     train(overrides)
     initial, trained = hf_weights(inputs.model_dir), hf_weights(run_dir / "hf_model")
 
-    for mode, expected_step, expected_weights in (("auto", 2, trained), ("disable", 0, initial)):
-        trainer = build_trainer(overrides + [f"trainer.resume_mode={mode}"])
+    def resumed_trainer(*mode: str, expected_step: int, expected_weights) -> None:
+        trainer = build_trainer(overrides + list(mode))
         trainer.resume()
         close(trainer)
         assert trainer.step == expected_step, mode
         assert trainer.parts.train_loader.state_dict()["position"] == expected_step, mode
         weights = engine_weights(trainer.parts.actor.in_process().engine)
         assert all(torch.equal(weights[name], expected_weights[name]) for name in expected_weights), mode
+
+    resumed_trainer("trainer.resume_mode=auto", expected_step=2, expected_weights=trained)
 
     trainer = build_trainer(overrides + ["trainer.resume_mode=resume_path",
                                          f"trainer.resume_from_path={run_dir / 'global_step_2'}"])
@@ -94,6 +96,11 @@ def test_resume_modes_choose_the_starting_point(inputs, tmp_path, capsys):
         assert status == 2
         error = capsys.readouterr().err
         assert "trainer.resume_from_path" in error and str(bad_path) in error and "global_step_N" in error
+
+    # disable starts from the model itself; in this folder only when told to replace the run in it (test_run_folder.py)
+    resumed_trainer("trainer.resume_mode=disable", "trainer.overwrite_default_local_dir=true", expected_step=0,
+                    expected_weights=initial)
+    assert not list(run_dir.glob("global_step_*"))
 
 
 def test_a_resumed_run_logs_each_step_once(inputs, tmp_path):

@@ -152,6 +152,32 @@ def test_tiny_model_learns_and_the_exported_model_answers(workspace, tmp_path):
     assert reproduced >= 12, f"only {reproduced} of 16 trained answers reproduced"
 
 
+def test_a_run_folder_keeps_another_runs_work(workspace, tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    common = ["data.train_batch_size=8", "data.micro_batch_size_per_gpu=8", "trainer.total_training_steps=2",
+              "trainer.save_freq=1"]
+    assert main(["sft", *run_args(workspace, run_dir, *common)]) == 0
+    before = {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()}
+    capsys.readouterr()
+
+    # a fresh run into it (issue 30): refused before its config.yaml or metrics.jsonl is rewritten
+    assert main(["sft", *run_args(workspace, run_dir, *common, "trainer.resume_mode=disable")]) == 2
+    error = capsys.readouterr().err
+    assert f"trainer.default_local_dir={run_dir} holds the checkpoints" in error
+    assert "trainer.overwrite_default_local_dir=true" in error
+    # a resume with another architecture: refused by name, nothing rewritten
+    llama = make_tiny_model_dir(tmp_path, "llama")
+    assert main(["sft", *run_args(workspace, run_dir, *common, f"model.partial_pretrain={llama}")]) == 2
+    error = capsys.readouterr().err
+    assert f"{run_dir} holds a run of another model" in error and "LlamaForCausalLM" in error, error
+    assert {path: path.read_bytes() for path in sorted(run_dir.rglob("*")) if path.is_file()} == before
+
+    assert main(["sft", *run_args(workspace, run_dir, *common, "trainer.resume_mode=disable",
+                                  "trainer.max_ckpt_to_keep=1", "trainer.overwrite_default_local_dir=true")]) == 0
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [2]
+    assert [record["step"] for record in read_jsonl_metrics(str(run_dir / "metrics.jsonl"))] == [1, 2]
+
+
 def test_megatron_style_dialect_runs_the_same_as_verl_keys(workspace, tmp_path):
     common = ["data.train_batch_size=8", "optim.lr=1e-2", "trainer.total_training_steps=3"]
     verl = run_args(workspace, tmp_path / "verl", *common, "data.micro_batch_size_per_gpu=2")

@@ -243,3 +243,20 @@ def test_a_failing_split_leaves_the_earlier_output_untouched(tmp_path, capsys):
     assert main(["preprocess", "gsm8k", "--input", str(source), "--output-dir", str(out)]) == 2
     assert "test.jsonl, row 0, column 'answer'" in capsys.readouterr().err
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before  # old files, no temporaries
+
+
+def test_an_output_that_is_an_input_is_refused_and_the_input_kept(tmp_path, capsys):
+    chat_source = write_parquet([{"question": "2 + 2?", "answer": "4"}], tmp_path / "qa.parquet")
+    release = tmp_path / "release"
+    write_parquet([NATALIA], release / "train.parquet")  # a split file named as the recipe names its output
+    cases = [(["chat", "--input", str(chat_source), "--output", str(chat_source)], chat_source),
+             (["chat", "--input", str(chat_source), "--output", str(tmp_path / "." / "qa.parquet")], chat_source),
+             (["gsm8k", "--input", str(release), "--output-dir", str(release)], release / "train.parquet"),
+             (["gsm8k", "--input", str(release / "train.parquet"), "--split", "train", "--output-dir", str(release)],
+              release / "train.parquet")]
+    for arguments, source in cases:
+        before = source.read_bytes()
+        assert main(["preprocess", *arguments]) == 2, arguments
+        error = capsys.readouterr().err
+        assert error.startswith("error: ") and f"{source} is an input" in error and "another" in error, error
+        assert source.read_bytes() == before, arguments

@@ -41,6 +41,10 @@ class RunConfig:
     resume_from_path: str | None = field_(None, "checkpoint folder to resume from when resume_mode is resume_path")
     default_local_dir: str = field_(
         "checkpoints/${trainer.project_name}/${trainer.experiment_name}", "where checkpoints and the resolved config are written")
+    overwrite_default_local_dir: bool = field_(
+        False, "let a fresh run (resume_mode=disable, auto with nothing to resume, or resume_path from another "
+               "folder) replace the run whose checkpoints or metrics default_local_dir holds: they are deleted once "
+               "the run has started; false = such a run is refused at start, the folder untouched")
     default_hdfs_dir: str | None = field_(None, "remote folder checkpoints are copied to; null = none")
 
 

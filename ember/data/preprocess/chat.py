@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ember.data.parquet import SourceRow, read_records, write_parquet
+from ember.data.parquet import SourceRow, check_outputs_spare_inputs, read_records, write_parquet
 
 
 def question_to_chat_row(row: SourceRow) -> dict[str, Any]:
@@ -24,6 +24,8 @@ def question_to_chat_row(row: SourceRow) -> dict[str, Any]:
 
 
 def preprocess_chat(input_path: str | os.PathLike, output_path: str | os.PathLike) -> Path:
-    """Convert one `.jsonl` or `.parquet` file of {question, answer} rows to a parquet of chat rows."""
+    """Convert one `.jsonl` or `.parquet` file of {question, answer} rows to a parquet of chat rows (at
+    another path: the input is never replaced)."""
+    check_outputs_spare_inputs([output_path], [input_path])
     rows = read_records(input_path, {"question": None, "answer": None})
     return write_parquet([question_to_chat_row(row) for row in rows], output_path)

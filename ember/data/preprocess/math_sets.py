@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ember.data.parquet import SourceRow, read_records, write_parquet_files
+from ember.data.parquet import SourceRow, check_outputs_spare_inputs, read_records, write_parquet_files
 from ember.data.preprocess.release import convert_release
 from ember.rewards.extraction import last_boxed_content
 
@@ -73,7 +73,9 @@ def preprocess_math(input_path: str | os.PathLike, output_dir: str | os.PathLike
 
 def preprocess_deepscaler(input_path: str | os.PathLike, output_dir: str | os.PathLike) -> dict[str, Path]:
     """DeepScaleR's release file (.json array, .jsonl or .parquet) to `train.parquet` in `output_dir`."""
+    output_path = Path(output_dir) / "train.parquet"
+    check_outputs_spare_inputs([output_path], [input_path])
     records = read_records(input_path, {"problem": None, "answer": None})
     rows = [deepscaler_rl_row(row, index) for index, row in enumerate(records)]
-    (path,) = write_parquet_files({Path(output_dir) / "train.parquet": rows})
+    (path,) = write_parquet_files({output_path: rows})
     return {"train": path}

@@ -4,7 +4,9 @@ turned into RL parquet files, the part every such recipe shares.
 `convert_release` takes a release folder (every split in it) or one file of a named split,
 reads each record with the recipe's required columns, turns it into a row with the recipe's
 function, and writes all splits as a set only after every one converted, so a bad row in one
-split leaves the files of an earlier run untouched rather than mixing the two.
+split leaves the files of an earlier run untouched rather than mixing the two. An output that
+would replace one of the input files (`--output-dir` the release folder, holding `train.parquet`)
+is refused first.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ember.data.parquet import DatasetError, SourceRow, read_records, write_parquet_files
+from ember.data.parquet import DatasetError, SourceRow, check_outputs_spare_inputs, read_records, write_parquet_files
 
 SPLITS = ("train", "test")
 _INPUT_SUFFIXES = (".jsonl", ".parquet")
@@ -58,9 +60,11 @@ def convert_release(input_path: str | os.PathLike, output_dir: str | os.PathLike
         if split not in SPLITS:
             raise DatasetError(f"give --split train or --split test for the single input file {input_path}")
         split_files = {split: [input_path]}
+    output_paths = {name: Path(output_dir) / f"{name}.parquet" for name in split_files}
+    check_outputs_spare_inputs(output_paths.values(), [path for files in split_files.values() for path in files])
     outputs = {}
     for split_name, files in split_files.items():
         records = [row for path in files for row in read_records(path, dict.fromkeys(required))]
         outputs[split_name] = [row_fn(row, split_name, index) for index, row in enumerate(records)]
-    paths = write_parquet_files({Path(output_dir) / f"{name}.parquet": rows for name, rows in outputs.items()})
+    paths = write_parquet_files({output_paths[name]: rows for name, rows in outputs.items()})
     return dict(zip(outputs, paths))

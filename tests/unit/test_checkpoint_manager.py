@@ -1,0 +1,49 @@
+"""Checkpoint folders of a run: listed and pruned by step number (global_step_10 after global_step_9), and
+pruning deletes only the checkpoints of the run itself, never another run's left in its folder."""
+
+from __future__ import annotations
+
+import os
+
+from ember.trainer.checkpoint import CheckpointManager, list_checkpoints
+
+
+def write_marker(directory: str) -> None:
+    with open(os.path.join(directory, "weights"), "w") as handle:
+        handle.write("x")
+
+
+def steps(root) -> list[int]:
+    return [step for step, _ in list_checkpoints(str(root))]
+
+
+def test_checkpoints_are_listed_and_pruned_by_step_number(tmp_path):
+    for step in (12, 2, 10, 9, 1, 11):
+        (tmp_path / f"global_step_{step}").mkdir()
+    (tmp_path / ".global_step_13.tmp").mkdir()  # unfinished: not a checkpoint
+    (tmp_path / "global_step_14").write_text("a file, not a folder")
+    assert steps(tmp_path) == [1, 2, 9, 10, 11, 12]
+
+    run_dir = tmp_path / "run"
+    manager = CheckpointManager(str(run_dir), keep=3)
+    for step in range(1, 13):
+        manager.save(step, write_marker)
+    assert steps(run_dir) == [10, 11, 12]
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "12"
+
+
+def test_pruning_spares_checkpoints_the_run_did_not_write(tmp_path):
+    for step in (1, 2, 7, 8):
+        (tmp_path / f"global_step_{step}").mkdir()
+    fresh = CheckpointManager(str(tmp_path), keep=1)  # a run that resumed nothing: only what it writes is its own
+    fresh.save(5, write_marker)
+    assert steps(tmp_path) == [1, 2, 5, 7, 8]  # not pruned as "older" than another run's step 8
+    fresh.save(6, write_marker)
+    assert steps(tmp_path) == [1, 2, 6, 7, 8]
+
+    resumed = CheckpointManager(str(tmp_path), keep=2)
+    resumed.resumed_at(2)  # steps 1-2 are this run's past; 6-8 are not (later lines of the folder, not resumed)
+    resumed.save(3, write_marker)
+    assert steps(tmp_path) == [2, 3, 6, 7, 8]
+    resumed.save(4, write_marker)
+    assert steps(tmp_path) == [3, 4, 6, 7, 8]
