@@ -36,7 +36,8 @@ class FilterGroupsConfig:
               "score; score/seq_reward: the reward; seq_final_reward: the reward after the in-reward KL); "
               "required when enable")
     max_num_gen_batches: int = field_(
-        0, "generation rounds per step before the run stops with an error; 0 = no limit")
+        0, "generation rounds per step before the run stops with an error; 0 = no limit, except that rounds in a "
+           "row keeping no group stop the run after 10 steps' worth of groups")
 
 
 @dataclass
