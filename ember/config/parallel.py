@@ -6,6 +6,8 @@ model-parallel group (TP × PP × CP for Megatron, the Ulysses sequence-parallel
 
 from __future__ import annotations
 
+import math
+
 from ember.config.schema.megatron import MegatronConfig
 from ember.config.schema.trainer import RunConfig
 
@@ -32,7 +34,8 @@ def data_parallel_size(world: int, strategy: str, megatron: MegatronConfig | Non
 
 def nearest_divisors(number: int, near: int, count: int = 3) -> list[int]:
     """The `count` divisors of `number` closest to `near`, ascending: the sizes a message suggests."""
-    found = [candidate for candidate in range(1, number + 1) if number % candidate == 0]
+    small = [candidate for candidate in range(1, math.isqrt(number) + 1) if number % candidate == 0]
+    found = set(small) | {number // candidate for candidate in small}
     return sorted(sorted(found, key=lambda candidate: (abs(candidate - near), candidate))[:count])
 
 

@@ -1,10 +1,12 @@
 """Checks across fields that types alone cannot express, run once when a configuration is loaded.
 
-Ranges (sizes >= 1, probabilities in [0, 1]), batch arithmetic (a step's batch splits into
-whole mini-batches, a mini-batch's responses split evenly over data-parallel ranks and then
-into whole micro-batches), parallel sizes that divide the GPUs, settings that need
-another one, and loggers whose optional package is not installed. All problems are reported together, each naming the keys, their values and
-what would be valid.
+Numbers no range can catch (NaN, infinity, integers past 64 bits, seeds, sizes that cannot be
+allocated: `numbers.py`) first and alone; then ranges (sizes >= 1, probabilities in [0, 1]),
+batch arithmetic (a step's batch splits into whole mini-batches, a mini-batch's responses
+split evenly over data-parallel ranks and then into whole micro-batches), parallel sizes that
+divide the GPUs, settings that need another one, and loggers whose optional package is not
+installed. All problems are reported together, each naming the keys, their values and what
+would be valid.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 from ember.config.errors import ConfigError
 from ember.config.introspect import value_at
 from ember.config.nla_rules import megatron_critic_pipeline_error, nla_extract_errors, nla_sft_errors, nla_train_errors
+from ember.config.numbers import number_errors
 from ember.config.parallel import data_parallel_size, nearest_divisors, world_size
 from ember.config.placement import placement_errors, role_gpus
 from ember.config.schema import EmberConfig, SFTConfig
@@ -55,6 +58,9 @@ class Bound:
 def validate(cfg: Any) -> None:
     """Raise one ConfigError listing every problem of `cfg` (a root configuration), or return if there is none.
     The NLA Megatron critic's pipeline guard is raised on its own, so that its first line is the fork's sentence."""
+    errors = number_errors(cfg)  # first and alone: NaN passes every range, and huge numbers stall the arithmetic below
+    if errors:
+        raise ConfigError(_joined(errors))
     if isinstance(cfg, NLATrainConfig) and megatron_critic_pipeline_error(cfg) is not None:
         raise ConfigError(megatron_critic_pipeline_error(cfg))
     if isinstance(cfg, EmberConfig):
@@ -63,10 +69,12 @@ def validate(cfg: Any) -> None:
         errors = _sft_errors(cfg) + (nla_sft_errors(cfg) if isinstance(cfg, NLASFTConfig) else [])
     else:
         errors = nla_extract_errors(cfg) if isinstance(cfg, NLAExtractConfig) else []
-    if len(errors) == 1:
-        raise ConfigError(errors[0])
     if errors:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(errors))
+        raise ConfigError(_joined(errors))
+
+
+def _joined(errors: list[str]) -> str:
+    return errors[0] if len(errors) == 1 else "invalid configuration:\n  - " + "\n  - ".join(errors)
 
 
 def _bound_errors(cfg: Any, bounds: list[Bound]) -> list[str]:
