@@ -6,7 +6,8 @@ not a reward, crashes its process or runs past ``timeout_s`` gives that sample
 ``failure_score``; the failure is counted (``num_errors`` / ``num_timeouts``) and logged once
 per kind of failure, with its traceback, on the ``ember.rewards`` logger. A
 ``RewardConfigError`` (say, a data_source no built-in scorer knows) is raised instead, since
-every sample would fail.
+every sample would fail; so is one when every item of a call with ``stop_if_none_scored``
+(a training step's) failed: training on nothing but ``failure_score`` teaches nothing.
 
 With ``batched`` (verl's ``batch`` reward manager) the function is called once per batch with
 lists, in the calling process. With ``num_workers >= 1`` the items are scored in worker processes that live as long as the
@@ -19,7 +20,7 @@ import logging
 import math
 from dataclasses import dataclass
 
-from ember.rewards.contract import RewardItem
+from ember.rewards.contract import RewardConfigError, RewardItem
 from ember.rewards.pool import ItemOutcome, WorkerPool, score_batch, score_item
 from ember.rewards.registry import RewardFnSpec
 
@@ -61,8 +62,10 @@ class RewardManager:
         self._logged_failures: set[tuple] = set()
         self._closed = False
 
-    def score(self, items: list[RewardItem]) -> RewardResult:
-        """Score ``items``; see the module docstring for what happens on failure."""
+    def score(self, items: list[RewardItem], stop_if_none_scored: bool = False) -> RewardResult:
+        """Score ``items``; see the module docstring for what happens on failure. With
+        `stop_if_none_scored`, a RewardConfigError naming the function and the first failure when
+        every item failed."""
         if self._closed:
             raise RuntimeError("this RewardManager is closed; create a new one to score more")
         if self._batch_fn is not None:
@@ -74,6 +77,12 @@ class RewardManager:
         for outcome in outcomes:
             if outcome.failure is not None:
                 self._log_once(outcome)
+        if stop_if_none_scored and outcomes and all(outcome.failure is not None for outcome in outcomes):
+            raise RewardConfigError(
+                f"reward function {self.spec.describe()} failed on every one of the {len(outcomes)} samples of this "
+                f"step, so the run would train on the constant failure_score={self.failure_score}; the first "
+                f"failure: {outcomes[0].failure.summary}. Fix the function (the traceback is logged above) or "
+                "its reward_model / custom_reward_function settings")
         return self._assemble(outcomes)
 
     def close(self) -> None:

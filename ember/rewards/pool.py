@@ -61,13 +61,14 @@ class ItemOutcome:
 
 
 def score_item(fn: BoundRewardFn, item: RewardItem) -> ItemOutcome:
-    """Score one item; an exception from the function becomes a failure, except a
-    ``RewardConfigError``, which propagates because every item would fail the same way."""
+    """Score one item; an exception from the function (``SystemExit`` included: a reward cannot end
+    the run) becomes a failure, except a ``RewardConfigError``, which propagates because every item
+    would fail the same way."""
     try:
         score, metrics = split_reward_output(fn(item))
     except RewardConfigError:
         raise
-    except Exception as error:  # any bug in a user's reward function must not stop the run
+    except (Exception, SystemExit) as error:  # any bug in a user's reward function (sys.exit too) fails its sample
         frames = traceback.extract_tb(error.__traceback__)
         where = f"{frames[-1].filename}:{frames[-1].lineno}"
         summary = f"{type(error).__name__} at {where} (data_source={item.data_source!r}): {error}"
@@ -83,7 +84,7 @@ def score_batch(fn, items: list) -> list[ItemOutcome]:
         values = fn(items)
     except RewardConfigError:
         raise
-    except Exception as error:
+    except (Exception, SystemExit) as error:
         frames = traceback.extract_tb(error.__traceback__)
         where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
         failure = Failure("error", (type(error).__name__, where),

@@ -55,12 +55,15 @@ class Scores:
     extras: dict[str, list[float]]  # the numbers the reward function returned beside its score, per sample
 
 
-def score_experience(manager: RewardManager, experience: Experience) -> Scores:
+def score_experience(manager: RewardManager, experience: Experience, stop_if_none_scored: bool = True) -> Scores:
+    """The manager's scores of `experience`. A training step's batch whose every sample failed to
+    score stops the run (`RewardManager.score`); validation passes `stop_if_none_scored=False`
+    and counts its failures."""
     batch = experience.batch
     items = [RewardItem(data_source, text, truth, extra)
              for data_source, text, truth, extra in zip(batch.data_sources, experience.responses,
                                                          batch.ground_truths, batch.extra_infos)]
-    result = manager.score(items)
+    result = manager.score(items, stop_if_none_scored=stop_if_none_scored)
     scores = torch.tensor(result.scores, dtype=torch.float32)
     accuracies = torch.tensor(result.extras["acc"], dtype=torch.float32) if "acc" in result.extras else scores
     accuracies = torch.where(torch.isnan(accuracies), scores, accuracies)

@@ -40,7 +40,7 @@ def validate(rollout: RolloutEngine, dataset: RLDataset, manager: RewardManager,
     for start in range(0, len(prompts), batch_size):
         experience = generate_experience(rollout, prompts[start:start + batch_size], sampling, tokenizer, stop_ids,
                                          uid_prefix=f"val{start}")
-        result = score_experience(manager, experience)
+        result = score_experience(manager, experience, stop_if_none_scored=False)
         failures["val/reward_errors"] += result.metrics["reward/errors"]
         failures["val/reward_timeouts"] += result.metrics["reward/timeouts"]
         for source, accuracy, score in zip(experience.batch.data_sources, result.accuracies.tolist(),

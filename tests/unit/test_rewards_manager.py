@@ -28,6 +28,14 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, bonu
         os._exit(3)
     if solution_str == "none":
         return None
+    if solution_str == "nan":
+        return float("nan")
+    if solution_str == "text":
+        return "1.0"
+    if solution_str == "no-score":
+        return {"acc": 1.0}
+    if solution_str == "exit":
+        raise SystemExit(0)
     if solution_str == "dict":
         return {"score": 0.25, "acc": 1.0, "pred": "text is ignored"}
     if solution_str == "dict-len":
@@ -206,3 +214,32 @@ def test_the_batch_manager_calls_once_with_lists_and_names_failures(tmp_path, ca
         resolve_reward_fn(target_spec={"_target_": "ember.rewards.gsm8k.compute_score"}, batched=True)
     with pytest.raises(RewardConfigError, match="built-in scorers are not"):
         resolve_reward_fn(batched=True)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("response, first_failure", [
+    ("raise", r"ValueError at .*misbehaving_reward.py:\d+ \(data_source='test'\): cannot score this sample"),
+    ("none", "returned NoneType"), ("nan", r"non-finite score \(nan\)"), ("text", "returned str"),
+    ("no-score", "a dict without 'score'"), ("exit", r"SystemExit at .*misbehaving_reward.py"),
+])
+def test_a_step_whose_every_sample_failed_stops_naming_the_function_and_the_first_failure(
+        reward_spec, num_workers, response, first_failure):
+    items = [RewardItem("test", response, "x")] * 6
+    with RewardManager(reward_spec, num_workers=num_workers, failure_score=-1.0) as manager:
+        with pytest.raises(RewardConfigError, match=rf"reward function .*misbehaving_reward.py:compute_score failed on "
+                                                    rf"every one of the 6 samples of this step.*failure_score=-1.0; "
+                                                    rf"the first failure: .*{first_failure}"):
+            manager.score(items, stop_if_none_scored=True)
+        assert manager.score(items).scores == [-1.0] * 6  # validation counts them and goes on
+        mixed = manager.score(items + [RewardItem("test", "2", "2")], stop_if_none_scored=True)
+        assert mixed.scores == [-1.0] * 6 + [1.5] and mixed.num_errors == 6  # one scored: the step goes on
+
+
+def test_a_batch_reward_of_the_wrong_length_stops_a_step(tmp_path):
+    path = tmp_path / "batch_reward.py"
+    path.write_text(BATCH_SOURCE)
+    spec = resolve_reward_fn(custom_path=str(path), batched=True)
+    with RewardManager(spec, batched=True) as manager:
+        with pytest.raises(RewardConfigError, match=r"batch_reward.py:compute_score failed on every one of the 2 samples "
+                                                    r".* the first failure: ValueError .*returned list of length 1 for 2"):
+            manager.score([RewardItem("d", "short", "x"), RewardItem("d", "ok", "x")], stop_if_none_scored=True)
