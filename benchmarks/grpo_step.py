@@ -140,8 +140,8 @@ def ember_overrides(workload: Workload, model_dir: str, data_file: str, reward_f
 def run_ember(workload: Workload, overrides: list[str], profile_dir: str | None = None,
               use_ray: bool = False) -> FrameworkResult:
     """`workload.total_steps` calls of `RLTrainer.train_step`, as `ember train` makes them; `use_ray`:
-    the roles in a Ray worker process instead of this one (the multi-GPU path at one GPU); the last
-    step profiled into `profile_dir` if given."""
+    the roles in a Ray worker process even at one GPU (the multi-GPU path; several GPUs,
+    `trainer.n_gpus_per_node`, always take it); the last step profiled into `profile_dir` if given."""
     steps = workload.total_steps
     if profile_dir is not None:  # one more step, profiled and not timed
         steps += 1
@@ -152,7 +152,7 @@ def run_ember(workload: Workload, overrides: list[str], profile_dir: str | None 
     check_implemented(cfg)
     reset_peak_memory()
     memory_before = allocated_memory_gib()
-    trainer = RLTrainer(cfg, build_components(cfg, use_ray=use_ray))
+    trainer = RLTrainer(cfg, build_components(cfg, use_ray=use_ray or None))
     try:
         step_s, step_metrics = time_ember_steps(trainer, steps)
     finally:

@@ -259,6 +259,9 @@ def build_worker_groups(cfg: EmberConfig, total_steps: int, use_ray: bool | None
     Ray workers otherwise (one per GPU of each pool); `use_ray` forces either (benchmarks of Ray's cost)."""
     placement = plan_placement(cfg)
     layout = pool_roles(cfg, placement)
+    if use_ray is False and world_size_of(cfg.trainer) > 1:
+        raise ValueError(f"a run of {world_size_of(cfg.trainer)} GPUs has its ranks in Ray workers; use_ray=False "
+                         "would run one rank in this process")
     if not (use_ray if use_ray is not None else world_size_of(cfg.trainer) > 1):
         (pool, roles), = layout
         group = LocalWorkerGroup(RankWorker, cfg, roles, total_steps, name=pool.name)

@@ -1,0 +1,140 @@
+"""Whole GRPO/PPO steps at each parallel layout against the one-GPU run: `ember train` in a fresh process per
+layout, the same random model, prompts, reward and seed, generation by ember's engine (batch-invariant
+sampling: every layout draws the same responses from the same weights), two steps each.
+
+Prints one table per workload: the first steps' `actor/grad_norm`, `actor/pg_loss`, `actor/entropy` (step 2:
+after an update) and `critic/score/mean`, the critic's grad norm for PPO, the step time of step 2 and the peak
+memory of the slowest rank. Rows of one workload must agree within bf16 rounding; a layout that trains on other
+samples (the bug this guards against) moves the grad norm by tens of percent.
+
+    python benchmarks/layout_parity.py --out parity.json            # every workload and layout (4 GPUs)
+    python benchmarks/layout_parity.py --workload grpo --max-gpus 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import torch
+
+from ember.models.tiny import train_tiny_tokenizer
+from ember.trainer.loggers import read_jsonl_metrics
+
+from common import REPO_DIR, Workload, build_model_dir, environment, git_commit, make_prompts, markdown_table, \
+    write_prompt_parquet, write_reward_file
+from grpo_step import ember_overrides
+
+MEGATRON = "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron"
+
+
+def megatron(role: str, tp: int = 1, pp: int = 1, ep: int = 1) -> list[str]:
+    section = "critic" if role == "critic" else f"actor_rollout_ref.{role}"
+    return [f"{section}.strategy=megatron", f"{section}.megatron.tensor_model_parallel_size={tp}",
+            f"{section}.megatron.pipeline_model_parallel_size={pp}", f"{section}.megatron.expert_model_parallel_size={ep}"]
+
+
+def actor(tp: int = 1, pp: int = 1, ep: int = 1) -> list[str]:
+    return megatron("actor", tp, pp, ep) + megatron("ref", tp, pp, ep)
+
+
+PPO = ["algorithm.adv_estimator=gae", "critic.optim.lr=1e-5", "critic.ppo_micro_batch_size_per_gpu=8"]
+AQN = ["trainer.noise_injection.enabled=True"]
+# workload -> (model shape, [(row name, GPUs, overrides)])
+WORKLOADS = {
+    "grpo": ("qwen2.5-0.5b", [
+        ("fsdp2", 1, []), ("megatron TP=1", 1, actor()), ("megatron TP=2", 2, actor(tp=2)),
+        ("megatron PP=2", 2, actor(pp=2)), ("fsdp2 DP=2", 2, []), ("megatron TP=2 PP=2", 4, actor(tp=2, pp=2)),
+        ("megatron TP=2 DP=2", 4, actor(tp=2))]),
+    "ppo": ("qwen2.5-0.5b", [
+        ("megatron actor + critic TP=1", 1, actor() + megatron("critic") + PPO),
+        ("megatron actor + critic TP=2", 2, actor(tp=2) + megatron("critic", tp=2) + PPO)]),
+    "moe-aqn": ("qwen1.5-moe-a2.7b-4l", [
+        ("megatron EP=1, AQN", 1, actor() + AQN), ("megatron EP=2, AQN", 2, actor(ep=2) + AQN)]),
+}
+KEYS = ("actor/grad_norm", "actor/pg_loss", "actor/entropy", "critic/score/mean", "critic/grad_norm")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", action="append", choices=sorted(WORKLOADS), help="default: all")
+    parser.add_argument("--max-gpus", type=int, default=torch.cuda.device_count() or 1)
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--n", type=int, default=4)
+    parser.add_argument("--response-length", type=int, default=64)
+    parser.add_argument("--shape", default=None, help="one model shape for every workload (e.g. tiny, a CPU smoke run)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
+    parser.add_argument("--out", default=None, help="results as JSON (rewritten after every run)")
+    return parser.parse_args(argv)
+
+
+def run_layout(base: list[str], gpus: int, overrides: list[str], run_dir: str, timeout: float) -> dict:
+    command = [sys.executable, "-m", "ember", "train", *base, f"trainer.n_gpus_per_node={gpus}",
+               f"trainer.default_local_dir={run_dir}", "trainer.logger=['console']", *overrides]
+    start = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_DIR)
+    if result.returncode:
+        return {"error": (result.stdout + result.stderr)[-1500:], "wall_s": time.perf_counter() - start}
+    steps = {}
+    for record in read_jsonl_metrics(os.path.join(run_dir, "metrics.jsonl")):
+        steps.setdefault(int(record["step"]), {}).update(record)
+    memory = max((value for key, value in steps[2].items() if key.endswith("peak_memory_gb")), default=None)
+    return {"steps": {step: {key: steps[step].get(key) for key in KEYS} for step in (1, 2)},
+            "step_s": steps[2].get("timing_s/step"), "peak_memory_gb": memory, "wall_s": time.perf_counter() - start}
+
+
+def table(rows: list[tuple[str, int, dict]]) -> str:
+    def number(value, digits=6):
+        return "-" if value is None else f"{value:.{digits}f}"
+    lines = []
+    for name, gpus, result in rows:
+        if "error" in result:
+            lines.append([name, str(gpus), "failed: " + result["error"].splitlines()[-1][:80]] + [""] * 7)
+            continue
+        one, two = result["steps"][1], result["steps"][2]
+        lines.append([name, str(gpus), number(one["actor/grad_norm"]), number(two["actor/grad_norm"]),
+                      number(one["actor/pg_loss"]), number(two["actor/entropy"], 5), number(one["critic/score/mean"], 4),
+                      number(one["critic/grad_norm"]), number(result["step_s"], 2), number(result["peak_memory_gb"], 1)])
+    return markdown_table(["layout", "GPUs", "grad_norm 1", "grad_norm 2", "pg_loss 1", "entropy 2", "score 1",
+                           "critic grad_norm 1", "step 2 s", "peak GiB"], lines)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    env = environment(git_commit(REPO_DIR))
+    results = {"environment": env, "workloads": {}}
+    workload = Workload(prompts=args.prompts, n=args.n, prompt_length=64, response_length=args.response_length,
+                        micro_batch=8, warmup=0, steps=2, gradient_checkpointing=False)
+    with tempfile.TemporaryDirectory(prefix="ember-parity-") as work_dir:
+        tokenizer = train_tiny_tokenizer()
+        prompts = make_prompts(tokenizer, workload.prompts * 2, workload.prompt_length, seed=0)
+        data_file = write_prompt_parquet(prompts, os.path.join(work_dir, "prompts.parquet"))
+        reward_file = write_reward_file(work_dir)
+        for name in args.workload or list(WORKLOADS):
+            shape, layouts = WORKLOADS[name]
+            shape = args.shape or shape
+            model_dir = build_model_dir(shape, tokenizer, os.path.join(work_dir, shape), torch.bfloat16 if torch.cuda.is_available() else torch.float32, seed=0)
+            rows = []
+            for row, gpus, overrides in layouts:
+                if gpus > args.max_gpus:
+                    continue
+                run_dir = os.path.join(work_dir, f"{name}-{len(rows)}")
+                base = ember_overrides(workload, model_dir, data_file, reward_file, run_dir, max_num_seqs=1024)
+                rows.append((row, gpus, run_layout(base, gpus, overrides, run_dir, args.timeout)))
+                print(f"{name} / {row}: {json.dumps(rows[-1][2])[:300]}", flush=True)
+                results["workloads"][name] = {"shape": shape, "rows": rows}
+                if args.out:
+                    with open(args.out, "w", encoding="utf-8") as handle:
+                        json.dump(results, handle, indent=2)
+            print(f"\n### {name} ({shape}, {workload.prompts} prompts x {workload.n} x {workload.response_length} "
+                  f"tokens; {env['device']}, {env['commit']}, {env['date']})\n\n{table(rows)}\n", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
