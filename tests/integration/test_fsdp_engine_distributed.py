@@ -52,3 +52,9 @@ def test_two_ranks_match_one_process(tmp_path):
     exported = dict(AutoModelForCausalLM.from_pretrained(str(out_dir / "hf")).named_parameters())
     for name, weight in result["weights"].items():
         assert torch.equal(exported[name].detach(), weight), name
+
+
+@pytest.mark.slow
+def test_weight_sync_gathers_uneven_shards_in_buckets():
+    """The several-rank weight sync's one-collective-per-bucket gather equals DTensor's per-parameter one."""
+    run_two_ranks(os.path.join(os.path.dirname(__file__), "fsdp_gather_worker.py"), timeout=120)

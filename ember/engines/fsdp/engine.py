@@ -35,6 +35,7 @@ from ember.engines.base import LossFn, MicroBatchSpec, ModelOutput, TrainEngine
 from ember.engines.batching import in_dtype_buckets, join_outputs, loss_context, micro_batches
 from ember.engines.expert_load import ExpertLoad, load_metrics
 from ember.engines.fsdp.checkpoint import checkpoint_problem, export_hf_model, load_checkpoint, save_checkpoint
+from ember.engines.fsdp.gather import gathered_buckets
 from ember.engines.fsdp.model_init import build_sharded_model
 from ember.engines.fsdp.offload import CPU, move_optimizer_state, move_parameters
 from ember.engines.host_copies import HostCopies
@@ -299,10 +300,14 @@ class FSDPEngine(TrainEngine):
 
         Where no gather or cast is needed (one rank, compute dtype = stored dtype) the
         tensors are the live parameters themselves (`syncs_live_parameters`): copy what must
-        outlive the next update.
+        outlive the next update. Over several ranks each bucket is one all-gather (`gather.py`).
         """
+        dtype = resolve_dtype(self.options.param_dtype)
+        if self.dp_size > 1:  # one all-gather per bucket, already in the compute dtype (gather.py)
+            yield from gathered_buckets(self.model.named_parameters(), bucket_bytes, dtype, self.device)
+            return
         named = ((name, self._sync_tensor(parameter)) for name, parameter in self.model.named_parameters())
-        yield from in_dtype_buckets(named, bucket_bytes, resolve_dtype(self.options.param_dtype))
+        yield from in_dtype_buckets(named, bucket_bytes, dtype)
 
     @torch.no_grad()
     def _sync_tensor(self, parameter: Tensor) -> Tensor:
