@@ -16,6 +16,7 @@ from typing import Any, Literal
 from ember.config.errors import ConfigError
 from ember.config.introspect import field_types, union_members
 
+HYDRA_MISSING = "???"  # Hydra's (and verl's files') value for "the user must give this"
 _SCALAR_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string", type(None): "null"}
 
 
@@ -43,6 +44,9 @@ def build(cls: type, data: dict[str, Any], path: str = "") -> Any:
 
 def convert(annotation: Any, value: Any, key: str) -> Any:
     """`value` checked against (and converted to) `annotation`; raises ConfigError naming `key`."""
+    if value == HYDRA_MISSING:
+        raise ConfigError(f"{key} must be given: the config file leaves it as ??? (Hydra's mark for a value the user "
+                          f"sets), e.g. {key}=VALUE")
     try:
         return _convert(annotation, value, key)
     except _Mismatch as mismatch:

@@ -1,7 +1,8 @@
 """`load_config`: from config files and command-line overrides to one typed, validated configuration.
 
 The order is: schema defaults, then the layers of `--config-name` (its `defaults:` list,
-see compose.py), then the overrides in the order given; then `${...}` interpolations are
+see compose.py), then the overrides in the order given; verl's keys without an ember field
+are refused or named once (verl_keys.py); then `${...}` interpolations are
 resolved (OmegaConf), values are type-checked into the schema dataclasses, implied values
 are filled (normalize.py) and the whole is validated (validate.py). Every step raises
 ConfigError with a message for the user.
@@ -10,6 +11,7 @@ ConfigError with a message for the user.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, TypeVar
 
 from omegaconf import OmegaConf
@@ -26,6 +28,7 @@ from ember.config.validate import validate
 from ember.config.yaml_io import dump_yaml
 
 Config = TypeVar("Config")
+logger = logging.getLogger(__name__)
 
 
 def load_config(argv_overrides: list[str], config_path: str | None = None, config_name: str | None = None,
@@ -38,10 +41,21 @@ def load_config(argv_overrides: list[str], config_path: str | None = None, confi
         for layer in compose_layers(config_path, config_name, schema.builtin_bases):
             tree.merge(layer.data, layer.source)
     apply_overrides(tree, argv_overrides)
+    check_verl_keys(tree)
     cfg = build(schema, resolve_interpolations(tree.values))
     normalize(cfg)
     validate(cfg)
     return cfg
+
+
+def check_verl_keys(tree: ConfigTree) -> None:
+    """Refuse verl's keys whose value ember cannot honour; name once those whose value has no effect here."""
+    if tree.verl_refusals:
+        raise ConfigError("verl keys that ember does not run as verl does; remove them or set verl's default:\n  "
+                          + "\n  ".join(tree.verl_refusals.values()))
+    if tree.verl_notes:
+        logger.warning("verl keys with no effect in ember (accepted, not used):\n  %s",
+                       "\n  ".join(tree.verl_notes.values()))
 
 
 def resolve_interpolations(values: dict[str, Any]) -> dict[str, Any]:

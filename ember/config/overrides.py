@@ -57,7 +57,11 @@ def apply_override(tree: ConfigTree, override: Override) -> None:
     if override.prefix == "~":
         tree.remove(override.key)
         return
-    location = tree.locate(rewrite_alias(tree.aliases, override.key))
+    key = rewrite_alias(tree.aliases, override.key)
+    if tree.verl_key(key) is not None:
+        tree.take_verl_key(key, _value(override, Any), f"override {override.text}")
+        return
+    location = tree.locate(key)
     tree.assign(override.key, _value(override, location.annotation))
 
 

@@ -3,7 +3,9 @@
 `ConfigTree` starts from the schema defaults and takes YAML layers (`merge`) and
 command-line overrides (`assign`, `remove`). Every key is checked against the schema as it
 arrives, so an unknown key is reported with the file or override it came from. Values stay
-as written (interpolations included) until the loader resolves and type-checks them.
+as written (interpolations included) until the loader resolves and type-checks them. A key
+the schema lacks but verl's own files write (`_target_`, ember/config/verl_keys.py) is taken
+off as it arrives: quietly at verl's default, else kept in `verl_notes` or `verl_refusals`.
 """
 
 from __future__ import annotations
@@ -15,6 +17,9 @@ from typing import Any
 from ember.config.errors import ConfigError
 from ember.config.introspect import KeyLocation, UnknownKey, locate, section_class, union_members
 from ember.config.suggest import unknown_key_message
+from ember.config.verl_keys import VerlKey
+
+HYDRA_TARGET = "_target_"  # the class Hydra would instantiate a section as (verl's files name their dataclasses)
 
 
 def defaults_tree(schema: type) -> dict[str, Any]:
@@ -44,6 +49,43 @@ class ConfigTree:
         self.aliases: dict[str, str] = schema.key_aliases
         self.defaults = defaults_tree(schema)
         self.values = copy.deepcopy(self.defaults)
+        self.verl_keys: dict[str, VerlKey] = getattr(schema, "verl_keys", {})
+        self.verl_notes: dict[str, str] = {}  # key -> why the value given has no effect in ember
+        self.verl_refusals: dict[str, str] = {}  # key -> why the value given cannot run in ember
+
+    def verl_key(self, parts: tuple[str, ...]) -> tuple[str, VerlKey | None, tuple[str, ...]] | None:
+        """Where `parts` is a key ember has no field for but verl writes: the listed key, its entry (None for
+        `_target_`) and the rest of `parts` below it. None for any other key."""
+        try:
+            locate(self.schema, parts)
+            return None
+        except UnknownKey as unknown:
+            if HYDRA_TARGET in parts[unknown.bad_index:]:
+                return ".".join(parts), None, ()
+            for length in range(len(parts), unknown.bad_index, -1):
+                entry = self.verl_keys.get(".".join(parts[:length]))
+                if entry is not None:
+                    return ".".join(parts[:length]), entry, parts[length:]
+            return None
+
+    def take_verl_key(self, parts: tuple[str, ...], value: Any, source: str | None = None) -> bool:
+        """Take off a key verl writes that ember has no field for (see the module docstring); False for any other."""
+        found = self.verl_key(parts)
+        if found is None:
+            return False
+        key, entry, rest = found
+        if entry is None:
+            return True
+        for part in reversed(rest):
+            value = {part: value}
+        self.verl_notes.pop(key, None)
+        self.verl_refusals.pop(key, None)
+        departures = entry.departures(value)
+        if departures is not None:
+            where = f" (in {source})" if source else ""
+            text = f"{key}={departures!r}{where}: {entry.reason}"
+            (self.verl_refusals if entry.refuse else self.verl_notes)[key] = text
+        return True
 
     def locate(self, parts: tuple[str, ...], source: str | None = None) -> KeyLocation:
         """What `parts` names in the schema; an unknown key raises ConfigError with suggestions."""
@@ -63,6 +105,8 @@ class ConfigTree:
     def assign(self, parts: tuple[str, ...], value: Any, source: str | None = None) -> None:
         """Set the key `parts` to `value`; a mapping given for a section or free-form mapping is merged into it."""
         parts = rewrite_alias(self.aliases, parts)
+        if self.take_verl_key(parts, value, source):
+            return
         location = self.locate(parts, source)
         nested = section_class(location.annotation) if location.free_form_depth is None else None
         if nested is not None and isinstance(value, dict):
@@ -90,6 +134,8 @@ class ConfigTree:
         survives, and resetting all of its keys would silently drop values set before and
         surface later as errors about values the user never wrote."""
         parts = rewrite_alias(self.aliases, parts)
+        if self.verl_key(parts) is not None:  # nothing of ember's to reset
+            return
         location = self.locate(parts)
         if (location.free_form_depth is None and section_class(location.annotation) is not None
                 and type(None) not in union_members(location.annotation)):

@@ -14,6 +14,7 @@ from ember.config.schema.actor import CheckpointConfig
 from ember.config.schema.base import field_, section
 from ember.config.schema.nla import NLASFTSection
 from ember.config.schema.sft import SFTConfig, SFTDataConfig, SFTModelConfig, SFTTrainerConfig
+from ember.config.verl_keys import VerlKey
 
 
 @dataclass
@@ -52,6 +53,7 @@ class NLASFTConfig(SFTConfig):
 
     builtin_bases: ClassVar[dict[str, dict[str, Any]]] = SFTConfig.builtin_bases
     key_aliases: ClassVar[dict[str, str]] = SFTConfig.key_aliases
+    verl_keys: ClassVar[dict[str, VerlKey]] = SFTConfig.verl_keys
 
     data: NLASFTDataConfig = section(NLASFTDataConfig, "NLA SFT rows and batch size")
     model: NLASFTModelConfig = section(NLASFTModelConfig, "the actor being fine-tuned")

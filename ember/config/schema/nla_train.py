@@ -22,6 +22,7 @@ from ember.config.schema.nla import NLAEvalConfig, NLARLSection
 from ember.config.schema.root import ActorRolloutRefConfig, EmberConfig
 from ember.config.schema.rollout import RolloutConfig
 from ember.config.schema.trainer import TrainerConfig
+from ember.config.verl_keys import NLA_FORK_KEYS, VerlKey
 from ember.config.yaml_io import read_yaml_file
 
 NLA_ROLLOUT_NAME = "nla_sglang"  # the fork's SGLang-with-input-embeddings; in ember, ember's own engine
@@ -121,6 +122,7 @@ class NLATrainConfig(EmberConfig):
         **EmberConfig.key_aliases,
         "data.batch_size": "data.train_batch_size",  # the fork keeps both, "for compatibility"
     }
+    verl_keys: ClassVar[dict[str, VerlKey]] = {**EmberConfig.verl_keys, **NLA_FORK_KEYS}
 
     actor_rollout_ref: NLAActorRolloutRefConfig = section(NLAActorRolloutRefConfig, "the policy (verbaliser)")
     critic: NLACriticConfig = section(NLACriticConfig, "the reconstructor")

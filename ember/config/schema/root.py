@@ -19,6 +19,7 @@ from ember.config.schema.resources import RayInitConfig, RayKwargsConfig, Resour
 from ember.config.schema.reward import CustomRewardFunctionConfig, RewardModelConfig
 from ember.config.schema.rollout import RolloutConfig
 from ember.config.schema.trainer import TrainerConfig
+from ember.config.verl_keys import RL_VERL_KEYS, VerlKey
 
 
 @dataclass
@@ -46,6 +47,8 @@ class EmberConfig:
         "ray_kwargs.ray_init": "ray_init",  # verl's newer spelling, and the NLA fork's
         "ray_kwargs.timeline_json_file": "ray_init.timeline_json_file",
     }
+    verl_keys: ClassVar[dict[str, VerlKey]] = RL_VERL_KEYS  # verl's keys without a field here
+
 
     data: DataConfig = section(DataConfig, "prompt datasets and batch size")
     actor_rollout_ref: ActorRolloutRefConfig = section(ActorRolloutRefConfig, "the policy: model, actor, reference, rollout")

@@ -16,6 +16,7 @@ from ember.config.schema.fsdp import FSDPConfig
 from ember.config.schema.megatron import MegatronConfig
 from ember.config.schema.model import AttentionImplementation, ModelDType
 from ember.config.schema.trainer import RunConfig
+from ember.config.verl_keys import SFT_VERL_KEYS, VerlKey
 
 
 @dataclass
@@ -109,6 +110,7 @@ class SFTConfig:
         "model.fsdp_config.cpu_offload": "model.fsdp_config.offload_policy",
         "model.fsdp_config.offload_params": "model.fsdp_config.offload_policy",
     }
+    verl_keys: ClassVar[dict[str, VerlKey]] = SFT_VERL_KEYS  # verl's sft_trainer keys without a field here
 
     data: SFTDataConfig = section(SFTDataConfig, "supervised examples and batch size")
     model: SFTModelConfig = section(SFTModelConfig, "the model being fine-tuned")

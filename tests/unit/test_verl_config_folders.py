@@ -1,0 +1,76 @@
+"""verl's own config folders load: the NLA fork's real files (tests/verl_fork_configs/, see its README) compose as
+verl composes them, `_target_` and verl's keys without an ember field accepted, unknown keys still errors."""
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from ember.config import ConfigError, EmberConfig, load_config
+from ember.config.schema.nla_sft import NLASFTConfig
+from ember.config.schema.nla_train import NLATrainConfig
+
+FORK = str(Path(__file__).resolve().parents[1] / "verl_fork_configs")
+A = "actor_rollout_ref"
+
+
+def fork_file(name, overrides=(), schema=NLATrainConfig):
+    return load_config(list(overrides), config_path=FORK, config_name=name, schema=schema)
+
+
+def verl_warnings(caplog):
+    return [record.getMessage() for record in caplog.records if "verl keys" in record.getMessage()]
+
+
+def test_verls_ppo_trainer_composes_its_groups_as_verl_does(caplog):
+    with caplog.at_level(logging.WARNING):
+        cfg = fork_file("ppo_trainer", [f"{A}.rollout.name=vllm"], schema=EmberConfig)
+    actor, critic = cfg.actor_rollout_ref.actor, cfg.critic
+    assert actor.optim.lr == 1e-6 and critic.optim.lr == 1e-5  # actor.yaml / critic.yaml over optim/fsdp.yaml's 1e-3
+    assert actor.ppo_mini_batch_size == 256 and actor.clip_ratio == 0.2 and actor.strategy == "fsdp"
+    assert cfg.algorithm.adv_estimator == "gae" and cfg.trainer.n_gpus_per_node == 8
+    assert verl_warnings(caplog) == []  # every verl key at verl's default: nothing to say
+
+
+def test_a_mandatory_value_of_verls_files_is_named():
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.name must be given: .*\?\?\?"):
+        fork_file("ppo_trainer", schema=EmberConfig)
+
+
+def test_the_forks_rl_run_file_loads_from_the_forks_own_folder():
+    cfg = fork_file("runs/qwen_7b/rl_grpo")
+    actor, rollout, critic = cfg.actor_rollout_ref.actor, cfg.actor_rollout_ref.rollout, cfg.critic
+    assert (cfg.data.train_batch_size, rollout.n, rollout.name) == (64, 8, "nla_sglang")
+    assert actor.ppo_mini_batch_size == critic.ppo_mini_batch_size == 64  # 512 experiences = 64 prompts × 8
+    assert actor.fsdp_config.param_offload and critic.output_layer_index == 20 and critic.optim.lr == 1e-9
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.nla.injection.mode == "replace"
+
+
+def test_the_forks_sft_file_loads_over_verls_sft_trainer():
+    cfg = fork_file("nla_sft_7b_8gpu", schema=NLASFTConfig)
+    assert cfg.data.micro_batch_size_per_gpu == 32 and cfg.data.train_batch_size == 256
+    assert cfg.model.partial_pretrain == "Qwen/Qwen2.5-7B-Instruct" and cfg.optim.lr == 5e-5
+
+
+def test_a_verl_key_without_effect_is_named_once_when_it_departs_from_verls_default(caplog):
+    with caplog.at_level(logging.WARNING):
+        fork_file("runs/qwen_7b/rl_grpo", ["trainer.esi_redundant_time=5", f"{A}.actor.profiler.enable=true"])
+    (message,) = verl_warnings(caplog)
+    assert "trainer.esi_redundant_time=5 (in override trainer.esi_redundant_time=5)" in message
+    assert f"{A}.actor.profiler={{'enable': True}}" in message
+
+
+def test_a_verl_key_ember_would_silently_run_otherwise_is_refused():
+    with pytest.raises(ConfigError, match=r"algorithm.use_pf_ppo=True .*PF-PPO"):
+        fork_file("runs/qwen_7b/rl_grpo", ["algorithm.use_pf_ppo=true"])
+    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.multi_turn=\{'enable': True\}"):
+        fork_file("runs/qwen_7b/rl_grpo", [f"{A}.rollout.multi_turn.enable=true"])
+
+
+def test_unknown_keys_are_still_errors_beside_verls(tmp_path):
+    with pytest.raises(ConfigError, match=r"unknown key actor_rollout_ref.actor.not_a_key"):
+        fork_file("runs/qwen_7b/rl_grpo", [f"{A}.actor.not_a_key=1"])
+    run = tmp_path / "run.yaml"
+    run.write_text("defaults: [ppo_trainer, _self_]\ncritic:\n  optim:\n    _target_: x.Y\n    lr_typo: 1\n")
+    with pytest.raises(ConfigError, match=rf"unknown key critic.optim.lr_typo in {run}"):
+        load_config([f"{A}.rollout.name=vllm"], config_path=str(tmp_path), config_name="run")
