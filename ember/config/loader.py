@@ -21,7 +21,7 @@ from ember.config.coerce import build
 from ember.config.compose import compose_layers
 from ember.config.errors import ConfigError
 from ember.config.normalize import normalize
-from ember.config.overrides import apply_overrides
+from ember.config.overrides import apply_overrides, group_choices
 from ember.config.schema import EmberConfig
 from ember.config.tree import ConfigTree
 from ember.config.validate import validate
@@ -38,7 +38,8 @@ def load_config(argv_overrides: list[str], config_path: str | None = None, confi
         raise ConfigError("--config-path needs --config-name (the YAML file inside that folder, without .yaml)")
     tree = ConfigTree(schema)
     if config_name is not None:
-        for layer in compose_layers(config_path, config_name, schema.builtin_bases):
+        choices, additions, argv_overrides = group_choices(argv_overrides, config_path)
+        for layer in compose_layers(config_path, config_name, schema.builtin_bases, tuple(choices), tuple(additions)):
             tree.merge(layer.data, layer.source)
     apply_overrides(tree, argv_overrides)
     check_verl_keys(tree)

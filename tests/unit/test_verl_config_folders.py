@@ -2,6 +2,7 @@
 verl composes them, `_target_` and verl's keys without an ember field accepted, unknown keys still errors."""
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,38 @@ def test_unknown_keys_are_still_errors_beside_verls(tmp_path):
     run.write_text("defaults: [ppo_trainer, _self_]\ncritic:\n  optim:\n    _target_: x.Y\n    lr_typo: 1\n")
     with pytest.raises(ConfigError, match=rf"unknown key critic.optim.lr_typo in {run}"):
         load_config([f"{A}.rollout.name=vllm"], config_path=str(tmp_path), config_name="run")
+
+
+def composed_files(name, choices=(), additions=()):
+    from ember.config.compose import compose_layers
+
+    layers = compose_layers(FORK, name, NLATrainConfig.builtin_bases, tuple(choices), tuple(additions))
+    return [os.path.relpath(os.path.normpath(layer.source), FORK) for layer in layers]
+
+
+def test_override_entries_of_a_defaults_list_replace_the_bases_choice():
+    files = composed_files("runs/qwen_30b/rl_grpo_megatron")
+    assert "actor/megatron_actor.yaml" in files and "critic/megatron_critic.yaml" in files
+    assert "actor/dp_actor.yaml" not in files and "critic/dp_critic.yaml" not in files
+    assert files.index("optim/megatron.yaml") < files.index("actor/megatron_actor.yaml")  # its own defaults first
+    cfg = fork_file("runs/qwen_30b/rl_grpo_megatron")
+    actor, critic = cfg.actor_rollout_ref.actor, cfg.critic
+    assert actor.strategy == critic.strategy == "megatron" and actor.megatron.expert_model_parallel_size == 8
+
+
+def test_group_choices_on_the_command_line_pick_a_file_of_the_group():
+    for choice in ("actor@actor_rollout_ref.actor=megatron_actor", "actor=megatron_actor"):
+        cfg = fork_file("ppo_trainer", [choice, f"{A}.rollout.name=vllm"], schema=EmberConfig)
+        assert cfg.actor_rollout_ref.actor.strategy == "megatron" and cfg.critic.strategy == "fsdp"
+    cfg = fork_file("runs/qwen_7b/rl_grpo", ["+actor@actor_rollout_ref.actor=megatron_actor"])
+    assert cfg.actor_rollout_ref.actor.strategy == "megatron"  # added after the run file's own keys
+    with pytest.raises(ConfigError, match=r"override actor@critic=megatron_actor chooses megatron_actor for group "
+                                          r"actor@critic, but no defaults list holds"):
+        fork_file("ppo_trainer", ["actor@critic=megatron_actor", f"{A}.rollout.name=vllm"], schema=EmberConfig)
+
+
+def test_unquoted_command_line_text_is_one_string_as_hydra_reads_it():
+    cfg = fork_file("runs/qwen_7b/rl_grpo", ["critic.critic_prompt=summary of the following text: "])
+    assert cfg.critic.critic_prompt == "summary of the following text:"  # Hydra strips the ends of unquoted text
+    cfg = fork_file("runs/qwen_7b/rl_grpo", ["trainer.logger=[console]", "critic.critic_prompt='a: b '"])
+    assert cfg.trainer.logger == ["console"] and cfg.critic.critic_prompt == "a: b "
