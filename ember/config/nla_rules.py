@@ -132,7 +132,8 @@ def nla_sft_errors(cfg: NLASFTConfig) -> list[str]:
     """Every NLA problem of an `ember nla sft` configuration."""
     errors = _section_errors("nla", cfg.nla)
     critic = cfg.nla.critic
-    if critic.truncate_layers is not None and critic.truncate_layers > 0:
+    trains_critic = cfg.nla.train_mode == "critic"  # actor mode reads none of the critic's keys (nor does the fork)
+    if trains_critic and critic.truncate_layers is not None and critic.truncate_layers > 0:
         errors += _truncation_errors("nla.critic.truncate_layers", critic.truncate_layers,
                                      "nla.critic.output_layer_index", critic.output_layer_index)
     if cfg.model.truncate_layers is not None:
@@ -141,7 +142,7 @@ def nla_sft_errors(cfg: NLASFTConfig) -> list[str]:
     if cfg.data.custom_cls.path not in (None, FORK_SFT_DATASET_MODULE):
         errors.append(f"data.custom_cls.path={cfg.data.custom_cls.path}: ember nla sft reads NLA rows itself "
                       "(ember/nla/data.py); remove data.custom_cls")
-    for name in ("critic_lr", "critic_epochs"):
+    for name in ("critic_lr", "critic_epochs") if trains_critic else ():
         value = getattr(cfg.nla, name)
         if value is not None and value <= 0:
             errors.append(f"nla.{name}={value} is out of range: it must be greater than 0 (or null)")

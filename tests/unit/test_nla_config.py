@@ -248,8 +248,9 @@ def test_sft_file_loads_with_names_filled_and_the_forks_dataset_class_accepted()
 @pytest.mark.parametrize("overrides, expected", [
     (["data.custom_cls.path=my.dataset"], "ember nla sft reads NLA rows itself"),
     (["model.truncate_layers=8"], "the actor is always the full model"),
-    (["nla.critic.truncate_layers=10"], "nla.critic.output_layer_index must name one of hidden_states 0..10; it is 20"),
-    (["nla.critic_lr=0"], "nla.critic_lr=0.0 is out of range"),
+    (["nla.train_mode=critic", "nla.critic.truncate_layers=10"],
+     "nla.critic.output_layer_index must name one of hidden_states 0..10; it is 20"),
+    (["nla.train_mode=critic", "nla.critic_lr=0"], "nla.critic_lr=0.0 is out of range"),
     (["nla.train_mode=both"], "expected one of: actor, critic"),
 ])
 def test_sft_checks(overrides, expected):

@@ -110,3 +110,11 @@ def test_unquoted_command_line_text_is_one_string_as_hydra_reads_it():
     assert cfg.critic.critic_prompt == "summary of the following text:"  # Hydra strips the ends of unquoted text
     cfg = fork_file("runs/qwen_7b/rl_grpo", ["trainer.logger=[console]", "critic.critic_prompt='a: b '"])
     assert cfg.trainer.logger == ["console"] and cfg.critic.critic_prompt == "a: b "
+
+
+def test_a_truncated_critic_sft_file_is_checked_only_where_the_mode_reads_the_critic():
+    actor = fork_file("nla_sft_7b_8gpu_truncated_critic_only", ["nla.critic_lr=0"], schema=NLASFTConfig)
+    assert actor.nla.train_mode == "actor" and actor.nla.critic.truncate_layers == 10  # the fork's actor SFT reads neither
+    with pytest.raises(ConfigError, match=r"nla.critic.truncate_layers=10 keeps decoder layers 1..10, so "
+                                          r"nla.critic.output_layer_index must name one of hidden_states 0..10; it is 20"):
+        fork_file("nla_sft_7b_8gpu_truncated_critic_only", ["nla.train_mode=critic"], schema=NLASFTConfig)
