@@ -100,8 +100,11 @@ RL_UNIMPLEMENTED: list[Row] = [
                  "role's pool shards the model)"),
     _flag("trainer.default_hdfs_dir", "(copying checkpoints to remote storage) is not implemented yet; copy "
                                       "trainer.default_local_dir yourself or leave it null"),
-    _flag(f"{_A}.rollout.tensor_model_parallel_size",
-          "(one generation engine over several GPUs) is not implemented yet; use 1 (each GPU generates its share)"),
+    (lambda cfg: cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1
+     and cfg.actor_rollout_ref.rollout.engine == "hf",
+     lambda cfg: f"{_A}.rollout.tensor_model_parallel_size={cfg.actor_rollout_ref.rollout.tensor_model_parallel_size} "
+                 f"with {_A}.rollout.name=hf: the hf rollout generates with the actor's own module on each GPU; use "
+                 "rollout.name=ember (its engine splits over the GPUs) or 1"),
     (lambda cfg: cfg.trainer.noise_injection.enabled and cfg.actor_rollout_ref.rollout.engine == "hf",
      lambda cfg: f"trainer.noise_injection with {_A}.rollout.name=hf: the hf rollout generates with the actor's own "
                  "module, so noise would land on the trained weights; use rollout.name=ember (noise goes to its "

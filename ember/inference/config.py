@@ -41,12 +41,16 @@ class EngineConfig:
     """Decode steps run on the device between two scheduling rounds (a finished slot is refilled after the window)."""
     use_cuda_graphs: bool = True
     """On CUDA, replay each decode step as a captured graph (rollout.enforce_eager=false); ignored elsewhere."""
+    tensor_parallel_size: int = 1
+    """Ranks one model replica is split over (rollout.tensor_model_parallel_size): consecutive ranks of the
+    process group, each holding its share of the heads and MLP width (`ember/inference/tensor_parallel.py`)."""
     fuse_projections: bool | None = None
     """Compute q/k/v and gate/up as one matrix product each (fewer kernels per step); None = on CUDA only.
     Fused weights are the engine's own: a training engine's live tensors fill them by copy, not by sharing."""
 
     def __post_init__(self) -> None:
-        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "decode_window"):
+        for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "decode_window",
+                     "tensor_parallel_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"engine {name}={getattr(self, name)}: set it to at least 1")
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:

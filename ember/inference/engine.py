@@ -31,11 +31,12 @@ from ember.inference.kv_cache import (KVCache, activation_reserve_bytes, kv_bloc
                                      num_kv_blocks_for_memory)
 from ember.inference.model_runner import ModelRunner
 from ember.inference.models import build_model, load_hf_config, load_weights, read_safetensors
+from ember.inference.request import INJECTION_MODES, Injection, SamplingParams
 from ember.inference.sampling import sample_next_tokens, sequence_seed
 from ember.inference.scheduler import ScheduledStep, Scheduler
 from ember.inference.sequence import Sequence
+from ember.inference.tensor_parallel import replica_group
 from ember.profiling import phase
-from ember.rollout.base import INJECTION_MODES, Injection, SamplingParams
 
 
 GRAPHS_KEPT_OVER_SLEEP_BYTES = 1 << 30
@@ -62,10 +63,14 @@ class LLMEngine:
         self.device = torch.device(config.device)
         # A decode window may run a finished sequence a few positions past max_model_len.
         fuse = config.fuse_projections if config.fuse_projections is not None else self.device.type == "cuda"
-        self.model = build_model(hf_config, config.max_model_len + config.decode_window, config.dtype, self.device, fuse)
-        load_weights(self.model, named_tensors, require_all=True)
+        self.tensor_parallel = replica_group(config.tensor_parallel_size)
+        self.model = build_model(hf_config, config.max_model_len + config.decode_window, config.dtype, self.device, fuse,
+                                 self.tensor_parallel)
+        load_weights(self.model, self._own_parts(named_tensors), require_all=True)
         max_blocks_per_sequence = config.blocks_for(config.max_model_len + config.decode_window)
-        self.num_kv_blocks = config.num_kv_blocks or self._default_num_kv_blocks(max_blocks_per_sequence)
+        # every rank of a split replica schedules alike, so all hold as many blocks as the fullest can
+        self.num_kv_blocks = self.tensor_parallel.agree_on_minimum(
+            config.num_kv_blocks or self._default_num_kv_blocks(max_blocks_per_sequence), self.device)
         if self.num_kv_blocks * config.block_size < config.max_model_len:
             raise ValueError(
                 f"the KV cache has room for {self.num_kv_blocks * config.block_size} tokens, less than one sequence "
@@ -93,12 +98,20 @@ class LLMEngine:
             use_cuda_graphs=config.use_cuda_graphs and self._graph_safe(),
         )
 
+    def _own_parts(self, named_tensors: Iterable[tuple[str, Tensor]]) -> Iterable[tuple[str, Tensor]]:
+        """Whole weights as this rank holds them (its shard under tensor parallelism)."""
+        if self.tensor_parallel.size == 1:
+            return named_tensors
+        return ((name, self.tensor_parallel.shard(name, tensor)) for name, tensor in named_tensors)
+
     def _graph_safe(self) -> bool:
         """Whether a decode step can be captured: attention must run in the Triton kernel (the gathered
         path reads the whole block table), and MoE layers' grouped matmuls stay on the device only in
         bf16 on sm90+."""
         if self.device.type != "cuda":
             return True
+        if self.tensor_parallel.size > 1:  # all-reduces inside a captured step: not yet measured on GPUs
+            return False
         if not kernels_support_head_dim(self.model.head_dim):
             return False
         if not any(self.model.spec.sparse_layers):
@@ -244,7 +257,7 @@ class LLMEngine:
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]], share: bool = False) -> None:
         """New weights (checkpoint names, full tensors; any subset) copied into the model in place, or,
         with `share`, taken as the model's own storage where shape, dtype and device match (no copy)."""
-        if load_weights(self.model, named_tensors, require_all=False, share=share):
+        if load_weights(self.model, self._own_parts(named_tensors), require_all=False, share=share):
             self.decoder.drop_graphs()  # captured graphs read the old weights' memory
 
     def free_kv_cache(self) -> None:

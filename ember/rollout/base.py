@@ -8,6 +8,9 @@ compare the rollout policy with the training policy (importance ratios, mismatch
 Engines share memory with training in the hybrid setup, so the interface also has
 `update_weights` (receive the trained weights) and `sleep` / `wake` (hand accelerator
 memory to training between generations and take it back).
+
+What a call asks for (`SamplingParams`, NLA's `Injection`) are ember's engine's own records
+(`ember/inference/request.py`), part of this interface too: every engine is asked in one vocabulary.
 """
 
 from __future__ import annotations
@@ -19,73 +22,11 @@ from typing import Literal
 
 from torch import Tensor
 
+from ember.inference.request import INJECTION_MODES, Injection, SamplingParams
+
+__all__ = ["INJECTION_MODES", "FinishReason", "Injection", "RolloutEngine", "RolloutOutput", "SamplingParams"]
+
 FinishReason = Literal["stop", "length"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample responses; the same fields mean the same thing in every engine."""
-
-    n: int = 1
-    """Samples drawn per prompt (the group size of GRPO)."""
-    temperature: float = 1.0
-    """Divides the logits before sampling; 0 means greedy decoding."""
-    top_p: float = 1.0
-    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p; 1 = off."""
-    top_k: int = -1
-    """Keep only the k most likely tokens; -1 or 0 = off (verl writes -1, as vLLM does)."""
-    max_new_tokens: int = 512
-    """Most tokens generated per response; a response that reaches it finishes with "length"."""
-    do_sample: bool = True
-    """Sample from the distribution; False decodes greedily (argmax) whatever the temperature."""
-    ignore_eos: bool = False
-    """Keep generating past stop tokens until max_new_tokens (benchmarks, length tests)."""
-    stop_token_ids: tuple[int, ...] = ()
-    """Token ids that end a response (EOS, end-of-turn); the stop token is kept in the response."""
-    seed: int | None = None
-    """Seed for the sampling random numbers; the same seed and inputs give the same samples."""
-    first_prompt_index: int = 0
-    """Where this call's prompts start in the whole batch. ember's engine seeds each sample from
-    its place in the whole batch, so a batch split over data-parallel ranks (each rank's call
-    starting at its share's index) draws what one rank generating it all would draw."""
-
-    def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"sampling n={self.n}: set n to at least 1 sample per prompt")
-        if self.temperature < 0:
-            raise ValueError(f"sampling temperature={self.temperature}: set a temperature >= 0 (0 = greedy)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"sampling top_p={self.top_p}: set top_p in (0, 1] (1 = off)")
-        if self.top_k < -1:
-            raise ValueError(f"sampling top_k={self.top_k}: set top_k to a positive count, or -1 / 0 for off")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"sampling max_new_tokens={self.max_new_tokens}: set it to at least 1")
-
-    @property
-    def greedy(self) -> bool:
-        """Whether decoding picks the argmax token (do_sample off or temperature 0)."""
-        return not self.do_sample or self.temperature == 0
-
-    @property
-    def top_k_enabled(self) -> bool:
-        """Whether top-k truncation applies (top_k -1 and 0 both mean off)."""
-        return self.top_k > 0
-
-
-INJECTION_MODES = ("replace", "add")
-"""How an injected vector meets the token's embedding output: replace it (the NLA fork's), or be added to it."""
-
-
-@dataclass(frozen=True)
-class Injection:
-    """NLA: a vector written over one prompt token's input embedding during prefill."""
-
-    position: int
-    """Index of the token in the prompt's token ids (its position id)."""
-    vector: Tensor
-    """[H] the vector (hidden size of the model), cast to the engine's dtype."""
-    mode: str = "replace"
-    """replace: the vector is the embedding output; add: it is added to it."""
 
 
 @dataclass
@@ -108,6 +49,8 @@ class RolloutEngine(ABC):
     shares_training_weights: bool = False
     """True when the engine generates with the training module itself (the hybrid engine at
     world size 1): the trainer then never sends it weights."""
+    tensor_parallel_size: int = 1
+    """Consecutive ranks one engine replica spans (they generate the same prompts together)."""
 
     @abstractmethod
     def generate(self, prompts: list[list[int]], sampling: SamplingParams,

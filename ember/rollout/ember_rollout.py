@@ -25,6 +25,7 @@ class EmberRollout(RolloutEngine):
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
+        self.tensor_parallel_size = engine.tensor_parallel.size
         self._asleep = False
         self.share_weights = False
 

@@ -174,6 +174,7 @@ def engine_config(rollout) -> EngineConfig:
     return EngineConfig(max_model_len=max_model_len, max_num_seqs=rollout.max_num_seqs, max_num_batched_tokens=budget,
                         enable_chunked_prefill=rollout.enable_chunked_prefill,
                         gpu_memory_utilization=rollout.gpu_memory_utilization,
+                        tensor_parallel_size=rollout.tensor_model_parallel_size,
                         dtype=resolve_dtype(compute_dtype(rollout.dtype)), device=str(current_device()),
                         use_cuda_graphs=not rollout.enforce_eager)
 

@@ -43,9 +43,11 @@ class PolicyRollout:
         self.asleep = False
 
     def data_layout(self) -> DataLayout:
-        """Each rank holds a whole generation engine (rollout tensor parallelism is 1), so every rank of
-        the pool generates its own share of the prompts, whatever the actor's training layout."""
-        return DataLayout(world_size(), rank())
+        """The generation engine's own layout, whatever the actor's training layout: each replica (one
+        rank, or `rollout.tensor_model_parallel_size` consecutive ranks splitting one engine) generates
+        its own share of the prompts, and the replica's first rank returns the samples."""
+        size = self.rollout.tensor_parallel_size
+        return DataLayout(world_size() // size, rank() // size, rank() % size == 0)
 
     def use_noise(self, step: int | None) -> None:
         """Generate with the noise of training step `step` from now on, or with clean weights (None)."""

@@ -27,6 +27,7 @@ from ember.inference.attention import AttentionInputs, paged_attention
 from ember.inference.models.layers import MLP, RMSNorm, fuse_linears
 from ember.inference.models.moe import SparseMoeBlock
 from ember.inference.models.rope import RotaryEmbedding
+from ember.inference.tensor_parallel import TensorParallel
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
@@ -90,10 +91,11 @@ class DecoderSpec:
 class Attention(nn.Module):
     """Grouped-query self-attention over the paged KV cache."""
 
-    def __init__(self, config: PretrainedConfig, spec: DecoderSpec, layer_index: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: PretrainedConfig, spec: DecoderSpec, layer_index: int, rotary: RotaryEmbedding,
+                 tensor_parallel: TensorParallel) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
+        self.num_heads = config.num_attention_heads // tensor_parallel.size  # this rank's heads
+        self.num_kv_heads = config.num_key_value_heads // tensor_parallel.size
         self.head_dim = head_dim_of(config)
         self.sliding_window = spec.sliding_windows[layer_index]
         self.rotary = rotary
@@ -136,17 +138,20 @@ class Attention(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """Pre-norm attention and MLP blocks, each added to the residual stream."""
+    """Pre-norm attention and MLP blocks, each added to the residual stream (under tensor parallelism
+    each block's partial output summed over the replica's ranks first)."""
 
-    def __init__(self, config: PretrainedConfig, spec: DecoderSpec, layer_index: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, config: PretrainedConfig, spec: DecoderSpec, layer_index: int, rotary: RotaryEmbedding,
+                 tensor_parallel: TensorParallel) -> None:
         super().__init__()
+        self.tensor_parallel = tensor_parallel
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config, spec, layer_index, rotary)
+        self.self_attn = Attention(config, spec, layer_index, rotary, tensor_parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if spec.sparse_layers[layer_index]:
             self.mlp = SparseMoeBlock(config, spec.shared_expert)
         else:
-            self.mlp = MLP(config.hidden_size, config.intermediate_size, spec.mlp_bias)
+            self.mlp = MLP(config.hidden_size, config.intermediate_size // tensor_parallel.size, spec.mlp_bias)
 
     def forward(
         self, states: Tensor, residual: Tensor | None, positions: Tensor, kv_cache: tuple[Tensor, Tensor],
@@ -157,19 +162,21 @@ class DecoderLayer(nn.Module):
             residual, normed = states, self.input_layernorm(states)
         else:
             normed, residual = self.input_layernorm.add_and_norm(states, residual)
-        attended = self.self_attn(normed, positions, kv_cache, inputs)
+        attended = self.tensor_parallel.all_reduce(self.self_attn(normed, positions, kv_cache, inputs))
         normed, residual = self.post_attention_layernorm.add_and_norm(attended, residual)
-        return self.mlp(normed), residual
+        return self.tensor_parallel.all_reduce(self.mlp(normed)), residual
 
 
 class DecoderBody(nn.Module):
     """Embedding, decoder layers and final norm (HF's `model.` prefix)."""
 
-    def __init__(self, config: PretrainedConfig, spec: DecoderSpec, max_positions: int) -> None:
+    def __init__(self, config: PretrainedConfig, spec: DecoderSpec, max_positions: int,
+                 tensor_parallel: TensorParallel) -> None:
         super().__init__()
         rotary = RotaryEmbedding(head_dim_of(config), max_positions, config.rope_parameters)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, spec, index, rotary) for index in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, spec, index, rotary, tensor_parallel)
+                                    for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = rotary
 
@@ -193,12 +200,18 @@ class EmbeddingEdits:
 class DecoderForCausalLM(nn.Module):
     """A decoder-only LM (dense or MoE): flat token ids and positions in, hidden states out; `logits` for chosen rows."""
 
-    def __init__(self, config: PretrainedConfig, max_positions: int) -> None:
-        """config: the checkpoint's HF config; max_positions: longest sequence the RoPE tables cover."""
+    def __init__(self, config: PretrainedConfig, max_positions: int,
+                 tensor_parallel: TensorParallel = TensorParallel()) -> None:
+        """config: the checkpoint's HF config; max_positions: longest sequence the RoPE tables cover;
+        tensor_parallel: the replica this rank's part belongs to (`ember/inference/tensor_parallel.py`)."""
         super().__init__()
         self.config = config
         self.spec = DecoderSpec.from_hf_config(config)
-        self.model = DecoderBody(config, self.spec, max_positions)
+        self.tensor_parallel = tensor_parallel
+        if tensor_parallel.size > 1:
+            tensor_parallel.check_divides(config.num_attention_heads, config.num_key_value_heads,
+                                          config.intermediate_size, any(self.spec.sparse_layers))
+        self.model = DecoderBody(config, self.spec, max_positions, tensor_parallel)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
         self.fused_parameters: frozenset[str] = frozenset()
@@ -219,7 +232,8 @@ class DecoderForCausalLM(nn.Module):
 
     @property
     def num_kv_heads(self) -> int:
-        return self.config.num_key_value_heads
+        """Key-value heads this rank holds (and caches)."""
+        return self.config.num_key_value_heads // self.tensor_parallel.size
 
     @property
     def head_dim(self) -> int:

@@ -24,6 +24,7 @@ from transformers import AutoConfig, PretrainedConfig
 
 from ember.inference.models.decoder import DecoderForCausalLM
 from ember.inference.models.moe import Experts
+from ember.inference.tensor_parallel import TensorParallel
 from ember.models.weight_copy import copy_named_tensors
 
 # Buffers some checkpoints carry that the engine recomputes itself.
@@ -31,12 +32,14 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def build_model(
-    config: PretrainedConfig, max_positions: int, dtype: torch.dtype, device: torch.device, fuse_projections: bool = False
+    config: PretrainedConfig, max_positions: int, dtype: torch.dtype, device: torch.device, fuse_projections: bool = False,
+    tensor_parallel: TensorParallel = TensorParallel(),
 ) -> DecoderForCausalLM:
     """An engine model for `config` on `device` in `dtype`, with uninitialised weights (load them next);
-    `fuse_projections`: q/k/v and gate/up one matrix product each (`DecoderForCausalLM.fuse_projections`)."""
+    `fuse_projections`: q/k/v and gate/up one matrix product each (`DecoderForCausalLM.fuse_projections`);
+    `tensor_parallel`: build this rank's part of a split replica (load it with `shard`ed weights)."""
     with torch.device("meta"):
-        model = DecoderForCausalLM(config, max_positions)
+        model = DecoderForCausalLM(config, max_positions, tensor_parallel)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives each module its own parameter, splitting a tied pair
     for parameter in model.parameters():
