@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 
 from transformers import AutoConfig, PreTrainedTokenizerBase
@@ -25,6 +24,7 @@ from ember.rewards import RewardManager, resolve_reward_fn
 from ember.trainer.rank_setup import import_external_libs, load_tokenizer, run_noise_injection, stop_token_ids
 from ember.trainer.rank_worker import RankWorker
 from ember.trainer.resume import CheckpointedModel
+from ember.trainer.model_folder import check_model_path, check_tokenizer, model_vocab_size
 from ember.trainer.role_groups import ActorGroup, CriticGroup, ReferenceGroup, RolloutGroup
 from ember.trainer.run_folder import check_run_folder
 from ember.trainer.startup import StartUp
@@ -72,26 +72,6 @@ def uses_critic(cfg: EmberConfig) -> bool:
 
 def uses_reference(cfg: EmberConfig) -> bool:
     return cfg.actor_rollout_ref.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
-
-
-HUB_ID = re.compile(r"[\w.-]+(/[\w.-]+)?")  # "Qwen/Qwen2.5-0.5B": fetched by transformers, not a local path
-MODEL_CONFIG_FILE = "config.json"  # what transformers reads first from a model folder (architecture, sizes)
-
-
-def check_model_path(key: str, path: str, *, tokenizer_only: bool = False) -> None:
-    """A model path must be a Hugging Face model folder (holding config.json), or read as a hub id
-    when nothing is at that path; a tokenizer path (`tokenizer_only`) any existing folder or hub id."""
-    if os.path.isdir(path):
-        if tokenizer_only or os.path.isfile(os.path.join(path, MODEL_CONFIG_FILE)):
-            return
-        raise ConfigError(f"{key}={path} holds no {MODEL_CONFIG_FILE}, so it is not a Hugging Face model folder; "
-                          f"point it at the folder with the model's {MODEL_CONFIG_FILE} and weights")
-    if os.path.exists(path):
-        raise ConfigError(f"{key}={path} is a file, not a folder; point it at a Hugging Face model folder "
-                          f"(the one holding {MODEL_CONFIG_FILE}, the weights and the tokenizer)")
-    if HUB_ID.fullmatch(path) and not path.startswith("."):
-        return
-    raise ConfigError(f"{key}={path} does not exist; point it at a Hugging Face model folder (or a hub id)")
 
 
 def check_override_config(key: str, model_path: str, overrides: dict, trust_remote_code: bool = False) -> None:
@@ -162,7 +142,8 @@ def check_input_paths(cfg: EmberConfig) -> None:
         models["critic.model.path"] = cfg.critic.model.path
     for key, path in models.items():
         if path is not None:
-            check_model_path(key, path)
+            check_model_path(key, path, trust_remote_code=arr.model.trust_remote_code if key.startswith("actor")
+                             else cfg.critic.model.trust_remote_code)
     check_override_config("actor_rollout_ref.model", arr.model.path, arr.model.override_config,
                           arr.model.trust_remote_code)
     if uses_critic(cfg) and cfg.critic.model.path is not None:
@@ -174,10 +155,15 @@ def check_input_paths(cfg: EmberConfig) -> None:
     if uses_critic(cfg) and cfg.critic.strategy == "megatron":
         check_megatron_sizes("critic.megatron", cfg.critic.model.path, cfg.critic.megatron,
                              cfg.critic.model.trust_remote_code)
-    for key, path in {"actor_rollout_ref.model.tokenizer_path": arr.model.tokenizer_path,
-                      "data.tokenizer": cfg.data.tokenizer}.items():
+    tokenizers = {"actor_rollout_ref.model.path": arr.model.path, "actor_rollout_ref.model.tokenizer_path":
+                  arr.model.tokenizer_path, "data.tokenizer": cfg.data.tokenizer}
+    for key, path in list(tokenizers.items())[1:]:
         if path is not None:
             check_model_path(key, path, tokenizer_only=True)
+    key, path = [(key, path) for key, path in tokenizers.items() if path is not None][-1]  # load_tokenizer's pick
+    remote_code = arr.model.trust_remote_code or cfg.data.trust_remote_code
+    check_tokenizer(key, path, model_vocab_size(arr.model.path, arr.model.trust_remote_code),
+                    "actor_rollout_ref.model.path", remote_code)
     check_data_files("custom_reward_function.path", cfg.custom_reward_function.path)
     check_data_files("data.train_files", cfg.data.train_files)
     check_data_files("data.val_files", cfg.data.val_files)

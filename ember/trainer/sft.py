@@ -45,7 +45,8 @@ from ember.trainer.plot import plot_curves
 from ember.trainer.resume import CheckpointedModel, resume_from_checkpoint
 from ember.trainer.run_folder import check_run_folder, claim_run_folder
 from ember.trainer.rank_setup import build_engine, megatron_section, use_configured_device
-from ember.trainer.rl_setup import check_data_files, check_megatron_sizes, check_model_path, check_output_dir
+from ember.trainer.model_folder import check_model_path, check_tokenizer, model_vocab_size
+from ember.trainer.rl_setup import check_data_files, check_megatron_sizes, check_output_dir
 from ember.trainer.run_state import save_run_state
 from ember.trainer.sft_step import sft_eval_sums, sft_update
 
@@ -285,9 +286,14 @@ def check_sft_config(cfg: SFTConfig) -> None:
     if cfg.model.partial_pretrain is None:
         raise ConfigError("model.partial_pretrain is not set; point it at a Hugging Face model directory or hub id "
                           "to fine-tune (the built-in demo is `ember train` with no arguments)")
-    check_model_path("model.partial_pretrain", cfg.model.partial_pretrain)
-    if cfg.model.tokenizer_path is not None:
-        check_model_path("model.tokenizer_path", cfg.model.tokenizer_path, tokenizer_only=True)
+    model = cfg.model
+    check_model_path("model.partial_pretrain", model.partial_pretrain, trust_remote_code=model.trust_remote_code)
+    if model.tokenizer_path is not None:
+        check_model_path("model.tokenizer_path", model.tokenizer_path, tokenizer_only=True)
+    check_tokenizer("model.tokenizer_path" if model.tokenizer_path else "model.partial_pretrain",
+                    model.tokenizer_path or model.partial_pretrain,
+                    model_vocab_size(model.partial_pretrain, model.trust_remote_code), "model.partial_pretrain",
+                    model.trust_remote_code)
     if cfg.model.strategy == "megatron":
         check_megatron_sizes("model.megatron", cfg.model.partial_pretrain, cfg.model.megatron, cfg.model.trust_remote_code)
     if cfg.data.train_files is None:
