@@ -84,7 +84,24 @@ def read_parquet_metadata(path: str) -> dict[str, str]:
 def read_parquet_table(path: str, columns: list[str]) -> list[dict[str, Any]]:
     """The `columns` of every row of the parquet file at `path`, as dicts."""
     with _reading_parquet(path):
-        return pq.read_table(path, columns=columns).to_pylist()
+        table = pq.read_table(path, columns=columns)
+    try:
+        return table.to_pylist()
+    except UnicodeDecodeError:  # parquet does not check that a string column holds UTF-8
+        raise _first_undecodable_text(path, table) from None
+
+
+def _first_undecodable_text(path: str, table: pa.Table) -> DatasetError:
+    """The error naming the first row and column of `table` whose text is not UTF-8."""
+    for column in table.column_names:
+        values = table.column(column)
+        for row in range(len(values)):
+            try:
+                values[row].as_py()
+            except UnicodeDecodeError as error:
+                return SourceRow(path, row, {}).error(column, f"text that is not UTF-8 ({error}); write the file "
+                                                              "again with its strings encoded as UTF-8")
+    return DatasetError(f"{path} holds text that is not UTF-8; write it again with its strings encoded as UTF-8")
 
 
 def check_columns(file: str, present: Iterable[str], required: Mapping[str, str | None]) -> None:

@@ -109,3 +109,11 @@ def test_files_are_written_as_a_set_and_a_failure_leaves_the_old_ones(tmp_path):
     written = write_parquet_files({old: [{"x": "new"}], tmp_path / "out" / "test.parquet": [{"x": "t"}]})
     assert [pq.read_table(path).to_pylist() for path in written] == [[{"x": "new"}], [{"x": "t"}]]
     assert sorted(path.name for path in old.parent.iterdir()) == ["test.parquet", "train.parquet"]
+
+
+def test_parquet_text_that_is_not_utf8_names_its_row_and_column(tmp_path):
+    prompts = pa.array([b"fine", b"\xff\xfe latin-1 bytes"], pa.binary()).view(pa.string())
+    path = tmp_path / "bytes.parquet"
+    pq.write_table(pa.table({"id": [0, 1], "prompt": prompts}), path)
+    with pytest.raises(DatasetError, match=r"bytes.parquet, row 1, column 'prompt': text that is not UTF-8"):
+        read_parquet_rows(path, required={"prompt": None}, optional=["id"])
