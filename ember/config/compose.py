@@ -18,12 +18,16 @@ pass `--config-name ppo_megatron_trainer`) loads that base.
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any
 
 from ember.config.errors import ConfigError
 from ember.config.yaml_io import read_yaml_file
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,17 +50,20 @@ class GroupChoice:
 
 
 def compose_layers(config_dir: str | None, config_name: str, builtin_bases: dict[str, dict[str, Any]],
-                   choices: tuple[GroupChoice, ...] = (), additions: tuple[GroupChoice, ...] = ()) -> list[Layer]:
+                   choices: tuple[GroupChoice, ...] = (), additions: tuple[GroupChoice, ...] = (),
+                   implicit_base: str | None = None) -> list[Layer]:
     """The layers of `config_name` (a path below `config_dir`, `.yaml` optional) in merge order.
 
     `choices` replace the option of a group entry of the defaults lists (`GROUP=OPTION`); `additions` are
-    groups the defaults lists lack, merged last (`+GROUP=OPTION`)."""
+    groups the defaults lists lack, merged last (`+GROUP=OPTION`). A `config_name` file without a `defaults:`
+    list extends `implicit_base` (the command's base, `nla_grpo_full` under `ember nla train`), with one log
+    line naming the base taken."""
     root = config_dir if config_dir is not None else os.getcwd()
     if _is_builtin([root], config_name, builtin_bases):  # verl scripts name verl's own files
         layers = [_builtin_layer(config_name, builtin_bases)]
     else:
         composer = _Composer(root, builtin_bases, list(choices))
-        layers = composer.layers_of(_find([root], config_name), (), ())
+        layers = composer.layers_of(_find([root], config_name), (), (), implicit_base)
         unused = [choice for choice in composer.choices if choice not in composer.used]
         if unused:
             choice = unused[0]
@@ -101,8 +108,10 @@ class _Composer:
         self.choices = choices  # outer choices first: they win over inner ones
         self.used: list[GroupChoice] = []
 
-    def layers_of(self, path: str, package: tuple[str, ...], including: tuple[str, ...]) -> list[Layer]:
-        """The layers of the file `path`, whose keys go under `package`, in merge order (keys relative to `package`)."""
+    def layers_of(self, path: str, package: tuple[str, ...], including: tuple[str, ...],
+                  implicit_base: str | None = None) -> list[Layer]:
+        """The layers of the file `path`, whose keys go under `package`, in merge order (keys relative to `package`);
+        without a `defaults:` list it extends `implicit_base` when one is given."""
         if path in including:
             raise ConfigError(f"{path} includes itself through its defaults list: {' -> '.join(including + (path,))}")
         data = read_yaml_file(path)
@@ -111,6 +120,12 @@ class _Composer:
         if not isinstance(data, dict):
             raise ConfigError(f"{path} must hold a mapping of configuration keys, not {type(data).__name__}")
         data = dict(data)
+        if "defaults" not in data and implicit_base is not None:
+            data["defaults"] = ["/" + implicit_base, "_self_"]
+            base = ("ember's built-in base" if _is_builtin([self.root], implicit_base, self.builtin_bases)
+                    else _find([self.root], implicit_base))
+            logger.warning("%s has no defaults list: it extends %s (%s), the command's base; write `defaults: "
+                           "[_self_]` to start from the schema defaults instead", path, implicit_base, base)
         defaults = data.pop("defaults", None) or []
         data.pop("hydra", None)
         if not isinstance(defaults, list):

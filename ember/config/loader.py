@@ -39,7 +39,8 @@ def load_config(argv_overrides: list[str], config_path: str | None = None, confi
     tree = ConfigTree(schema)
     if config_name is not None:
         choices, additions, argv_overrides = group_choices(argv_overrides, config_path)
-        for layer in compose_layers(config_path, config_name, schema.builtin_bases, tuple(choices), tuple(additions)):
+        for layer in compose_layers(config_path, config_name, schema.builtin_bases, tuple(choices), tuple(additions),
+                                    getattr(schema, "implicit_base", None)):
             tree.merge(layer.data, layer.source)
     apply_overrides(tree, argv_overrides)
     check_verl_keys(tree)

@@ -118,3 +118,24 @@ def test_a_truncated_critic_sft_file_is_checked_only_where_the_mode_reads_the_cr
     with pytest.raises(ConfigError, match=r"nla.critic.truncate_layers=10 keeps decoder layers 1..10, so "
                                           r"nla.critic.output_layer_index must name one of hidden_states 0..10; it is 20"):
         fork_file("nla_sft_7b_8gpu_truncated_critic_only", ["nla.train_mode=critic"], schema=NLASFTConfig)
+
+
+def test_an_nla_run_file_without_a_defaults_list_extends_the_nla_base_and_says_which(tmp_path, caplog):
+    run = tmp_path / "run.yaml"
+    run.write_text("data:\n  train_batch_size: 8\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 32\n")
+    with caplog.at_level(logging.WARNING):
+        cfg = load_config([], config_path=str(tmp_path), config_name="run", schema=NLATrainConfig)
+    assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.name == "nla_sglang"  # not PPO's gae
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 8  # 32 experiences of the base's rollout.n=4
+    assert any(f"{run} has no defaults list: it extends nla_grpo_full (ember's built-in base)" in record.getMessage()
+               for record in caplog.records)
+    (tmp_path / "nla_grpo_full.yaml").write_text(
+        "defaults: [ppo_trainer, _self_]\nalgorithm:\n  adv_estimator: rloo\nactor_rollout_ref:\n  rollout:\n    n: 4\n"
+        "critic:\n  ppo_mini_batch_size: 32\n")
+    cfg = load_config([], config_path=str(tmp_path), config_name="run", schema=NLATrainConfig)
+    assert cfg.algorithm.adv_estimator == "rloo"  # the folder's own base, as `- /nla_grpo_full` would read it
+    run.write_text("defaults: [_self_]\ndata:\n  train_batch_size: 8\n")
+    from ember.config.compose import compose_layers
+
+    layers = compose_layers(str(tmp_path), "run", NLATrainConfig.builtin_bases, implicit_base="nla_grpo_full")
+    assert [layer.source for layer in layers] == [str(run)]  # an explicit list is taken as written

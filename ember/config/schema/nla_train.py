@@ -123,6 +123,7 @@ class NLATrainConfig(EmberConfig):
         "data.batch_size": "data.train_batch_size",  # the fork keeps both, "for compatibility"
     }
     verl_keys: ClassVar[dict[str, VerlKey]] = {**EmberConfig.verl_keys, **NLA_FORK_KEYS}
+    implicit_base: ClassVar[str] = "nla_grpo_full"  # what a run file without a defaults list extends
 
     actor_rollout_ref: NLAActorRolloutRefConfig = section(NLAActorRolloutRefConfig, "the policy (verbaliser)")
     critic: NLACriticConfig = section(NLACriticConfig, "the reconstructor")
