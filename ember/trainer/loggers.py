@@ -171,11 +171,8 @@ def _drop_records_from(path: str, first_step: int) -> None:
         lines = handle.read().split("\n")
     kept = []
     for line in lines:
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:  # empty, or the unfinished line of a killed run
-            continue
-        if record["step"] < first_step:
+        record = _step_record(line)
+        if record is not None and record["step"] < first_step:
             kept.append(line + "\n")
     temporary = path + ".tmp"
     with open(temporary, "w", encoding="utf-8") as handle:
@@ -189,7 +186,18 @@ def read_jsonl_metrics(path: str) -> list[dict[str, float]]:
     by_step: dict[int, dict[str, float]] = {}
     with open(path, encoding="utf-8") as handle:
         for line in handle:
-            if line.strip():
-                record = json.loads(line)
+            record = _step_record(line)
+            if record is not None:
                 by_step.setdefault(record["step"], {}).update(record)
     return [by_step[step] for step in sorted(by_step)]
+
+
+def _step_record(line: str) -> dict | None:
+    """The record of one line of metrics.jsonl; None for a line that is none (empty, the unfinished line of a
+    killed run, or anything else that is not an object with an integer step, e.g. a `null` an editor left)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return record if isinstance(step, int) and not isinstance(step, bool) else None

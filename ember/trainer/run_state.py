@@ -15,6 +15,7 @@ resume loads anything; `SavedRunState.restore_rng` applies them once everything 
 from __future__ import annotations
 
 import json
+import math
 import os
 import pickle
 import random
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ember.trainer.checkpoint import CheckpointProblem
+from ember.trainer.checkpoint import STEP_DIR, CheckpointProblem
 
 STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng_state.pt"
@@ -75,7 +76,40 @@ def _read_values(path: str, keys: Iterable[str]) -> dict[str, Any]:
     missing = [key for key in keys if not isinstance(values, dict) or key not in values]
     if missing:
         raise CheckpointProblem(f"{path} lacks {', '.join(missing)}; it was not written by this run's trainer")
+    for key, value in values.items():
+        problem = _VALUE_PROBLEMS[key](value) if key in _VALUE_PROBLEMS else None
+        if problem:
+            raise CheckpointProblem(f"{path} has {key}={json.dumps(value)[:80]}, {problem}; it was not written by "
+                                    "ember's trainer or was edited")
+    folder = STEP_DIR.match(os.path.basename(os.path.normpath(os.path.dirname(path))))
+    if folder and "step" in values and values["step"] != int(folder.group(1)):
+        raise CheckpointProblem(f"{path} has step={values['step']} but sits in {folder.group(0)}; it was copied from "
+                                "another checkpoint or edited")
     return values
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _validation_entry(item: Any) -> bool:
+    return (isinstance(item, list) and len(item) == 2 and _is_count(item[0]) and isinstance(item[1], dict)
+            and all(_is_number(value) for value in item[1].values()))
+
+
+# What each value of trainer_state.json must be (None: fine), checked before a resume loads anything.
+_VALUE_PROBLEMS = {
+    "step": lambda value: None if _is_count(value) else "not a step count (an integer from 0)",
+    "loader": lambda value: None if isinstance(value, dict) and all(_is_count(item) for item in value.values())
+    else "not a loader position (an object of integers from 0)",
+    "kl_coef": lambda value: None if _is_number(value) else "not a finite number",
+    "validation_history": lambda value: None if isinstance(value, list) and all(map(_validation_entry, value))
+    else "not a list of [step, {metric: number}] pairs",
+}
 
 
 def _current_rng_state() -> dict[str, Any]:

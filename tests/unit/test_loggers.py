@@ -47,6 +47,15 @@ def test_a_fresh_start_drops_everything_an_earlier_run_logged(tmp_path):
     assert tensorboard_scalars(tmp_path, "loss") == [(1, 11.0)]
 
 
+def test_lines_that_are_not_records_neither_crash_a_resume_nor_a_reader(tmp_path):
+    log_steps(tmp_path, None, [1, 2], value=0.0)
+    with open(tmp_path / "metrics.jsonl", "a") as handle:
+        handle.write('null\n[3]\n{"loss": 1.0}\n{"step": "3"}\n')
+    assert read_jsonl_metrics(str(tmp_path / "metrics.jsonl")) == [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}]
+    log_steps(tmp_path, 2, [3], value=10.0)
+    assert read_jsonl_metrics(str(tmp_path / "metrics.jsonl"))[-1] == {"step": 3, "loss": 13.0}
+
+
 def test_logging_before_start_is_refused(tmp_path):
     with pytest.raises(RuntimeError, match="before start"):
         MetricLogger(str(tmp_path), ["console"], total_steps=1).log(1, {"loss": 1.0})

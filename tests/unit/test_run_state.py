@@ -84,3 +84,30 @@ def test_each_bad_file_is_named_with_what_is_wrong(damage, expected, tmp_path):
     assert str(error.value).startswith(f"{tmp_path}/"), error.value
     assert expected in str(error.value)
 
+
+
+@pytest.mark.parametrize("values, expected", [
+    ({"step": "3"}, 'step="3", not a step count'),
+    ({"step": -1}, "step=-1, not a step count"),
+    ({"step": True}, "step=true, not a step count"),
+    ({"loader": [3]}, "loader=[3], not a loader position"),
+    ({"loader": {"position": 1.5}}, "not a loader position"),
+    ({"kl_coef": None}, "kl_coef=null, not a finite number"),
+    ({"validation_history": [[2, {"val/acc": "high"}]]}, "not a list of [step, {metric: number}] pairs"),
+])
+def test_a_value_of_the_wrong_type_is_named_before_anything_loads(values, expected, tmp_path):
+    save_run_state(str(tmp_path), **{"step": 3, "loader": {"seed": 0, "epoch": 0, "position": 3}, "kl_coef": 0.1,
+                                     "validation_history": [[2, {"val/acc": 0.5}]], **values})
+    with pytest.raises(CheckpointProblem) as error:
+        read_run_state(str(tmp_path), ["step", "loader"])
+    assert expected in str(error.value)
+
+
+def test_a_step_other_than_its_folders_is_not_trusted(tmp_path):
+    folder = tmp_path / "global_step_4"
+    folder.mkdir()
+    save_run_state(str(folder), step=4, loader={"position": 4})
+    assert read_run_state(str(folder), ["step"]).values["step"] == 4
+    save_run_state(str(folder), step=400, loader={"position": 4})
+    with pytest.raises(CheckpointProblem, match="has step=400 but sits in global_step_4"):
+        read_run_state(str(folder), ["step"])
