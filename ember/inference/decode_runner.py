@@ -22,10 +22,10 @@ import torch
 from ember.inference.attention import AttentionInputs
 from ember.inference.kv_cache import KVCache
 from ember.inference.models.decoder import DecoderForCausalLM
+from ember.inference.request import SamplingParams
 from ember.inference.sampling import sample_next_tokens
 from ember.inference.sequence import Sequence
 from ember.profiling import phase
-from ember.rollout.base import SamplingParams
 
 
 def graph_batch_sizes(max_num_seqs: int) -> list[int]:

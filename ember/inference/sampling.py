@@ -10,8 +10,8 @@ which can flip a near tie); and the draw can run inside a captured CUDA graph. `
 top-k / top-p cut applied (-inf outside).
 
 The log-prob returned with a token is log_softmax(raw_logits / temperature) at that token
-(`ember.rollout.sampling`: the same convention as the hf rollout and the training side),
-not the log-prob under the truncated distribution.
+(`token_log_probs`: the training side computes the same for the same token, verl's convention, and the hf
+rollout records it with these functions too), not the log-prob under the truncated distribution.
 
 On CUDA one Triton kernel (`kernels/sample.py`) reads each logits row once for the noise,
 the argmax and the log-softmax; elsewhere the same hash runs in PyTorch.
@@ -22,9 +22,22 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ember.algorithms.entropy import log_probs_from_logits
 from ember.inference.hashing import MASK32, gumbel_noise, mix32_int, row_keys
-from ember.rollout.base import SamplingParams
-from ember.rollout.sampling import log_prob_temperature, token_log_probs
+from ember.inference.request import SamplingParams
+
+
+def log_prob_temperature(sampling: SamplingParams) -> float:
+    """Temperature that scales logits for rollout log-probs: the sampling temperature, or 1 when it is 0."""
+    return sampling.temperature if sampling.temperature > 0 else 1.0
+
+
+def token_log_probs(logits: Tensor, token_ids: Tensor, temperature: float) -> Tensor:
+    """log_softmax(logits / temperature) at token_ids, in float32, computed as the training side does.
+
+    logits: (..., vocab) raw model outputs; token_ids: (...) the chosen tokens. Returns (...).
+    """
+    return log_probs_from_logits(logits.float() / temperature, token_ids)
 
 
 def sequence_seed(request_seed: int | None, sequence_id: int) -> int:

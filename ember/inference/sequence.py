@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from ember.rollout.base import Injection
+from ember.inference.request import Injection
 
 
 class SequenceStatus(Enum):

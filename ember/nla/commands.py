@@ -4,8 +4,8 @@ Every one takes `--config-path/--config-name`, key=value overrides, `--print-con
 `--describe`, and exits 2 on a user error. Without `--config-name`, train and eval start from
 ember's `nla_grpo_full` and extract from `nla_activation_dataset` (the fork's bases). A real
 run first makes the checks that need the model and the data (ember/nla/checks.py), then the
-feature check (config/features.py), then calls its entry point: `ember.trainer.nla_rl.run_nla_rl`,
-`ember.trainer.nla_sft.run_nla_sft`, `ember.nla.extract.run_extract` or `run_nla_eval` here.
+feature check (config/features.py), then calls its entry point: `ember.nla.rl.run_nla_rl`,
+`ember.nla.sft.run_nla_sft`, `ember.nla.extract.run_extract` or `run_nla_eval` here.
 This module imports only the configuration; the rest is imported when a run starts.
 """
 
@@ -39,7 +39,7 @@ def _train_checks(cfg: NLATrainConfig) -> None:
 
 
 def _run_nla_rl(cfg: NLATrainConfig) -> int:
-    from ember.trainer.nla_rl import run_nla_rl
+    from ember.nla.rl import run_nla_rl
 
     return run_nla_rl(cfg)
 
@@ -51,7 +51,7 @@ def _sft_checks(cfg: NLASFTConfig) -> None:
 
 
 def _run_nla_sft(cfg: NLASFTConfig) -> int:
-    from ember.trainer.nla_sft import run_nla_sft
+    from ember.nla.sft import run_nla_sft
 
     return run_nla_sft(cfg)
 

@@ -2,7 +2,8 @@
 
 The name is `actor_rollout_ref.rollout.name` in the config. `hf` generates with
 transformers on the training module (hybrid engine); `ember` is ember's own engine
-(`ember.inference`), which holds its own copy of the weights.
+(`ember.inference`), which holds its own copy of the weights. Imports point one way: this package
+uses `ember.inference` (its engine and its request records), and `ember.inference` knows nothing of it.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def build_rollout(
     if name == "ember":
         if model_path is None or engine_config is None:
             raise ValueError("rollout.name=ember needs the model path and an EngineConfig")
-        # Imported here: ember.inference uses this package's records, so a top-level import would be a cycle.
+        # Imported on first use, as HFRollout: the engine's models and kernels are start-up time a process
+        # that never builds one (the driver of a multi-GPU run) does not need.
         from ember.rollout.ember_rollout import EmberRollout
 
         return EmberRollout.from_pretrained(model_path, engine_config)

@@ -12,7 +12,7 @@ unset field from it (a checkpoint's top_k=20 or repetition_penalty=1.1 would sil
 change the rollout policy).
 
 Log-probs are log_softmax(raw_logits / temperature) of the sampled tokens (see
-`ember.rollout.sampling`), recorded while `generate` runs by `SampledTokenLogProbs`, a
+`ember.inference.sampling`), recorded while `generate` runs by `SampledTokenLogProbs`, a
 logits processor that keeps one step's (rows, vocab) logits at a time; `generate` is not
 asked to return logits, so memory does not grow with the number of steps.
 
@@ -33,9 +33,10 @@ from torch.distributed.fsdp import FSDPModule
 from transformers import AutoModelForCausalLM, GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from ember.distributed.device import empty_cache
+from ember.inference.sampling import log_prob_temperature, token_log_probs
 from ember.models.weight_copy import copy_named_tensors
 from ember.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
-from ember.rollout.sampling import log_prob_temperature, token_log_probs, trim_response
+from ember.rollout.sampling import trim_response
 
 
 class HFRollout(RolloutEngine):

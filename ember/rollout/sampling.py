@@ -1,30 +1,12 @@
-"""Pure helpers shared by rollout engines: rollout log-probs and trimming responses at stop tokens.
+"""Trimming a generated row at its first stop token, for an engine that generates past it (transformers `generate`).
 
-The one thing to know: the log-prob an engine returns for a sampled token is
-log_softmax(raw_logits / temperature) at that token. That is what the training side
-computes for the same token (verl's convention), so the two are comparable; top-k and
-top-p truncation are not part of it, even though they shape which tokens get sampled.
+The log-prob convention every engine follows (log_softmax(raw_logits / temperature) at the sampled token,
+top-k and top-p not part of it) is `ember.inference.sampling`'s `log_prob_temperature` and `token_log_probs`.
 """
 
 from __future__ import annotations
 
-from torch import Tensor
-
-from ember.algorithms.entropy import log_probs_from_logits
-from ember.rollout.base import FinishReason, SamplingParams
-
-
-def log_prob_temperature(sampling: SamplingParams) -> float:
-    """Temperature that scales logits for rollout log-probs: the sampling temperature, or 1 when it is 0."""
-    return sampling.temperature if sampling.temperature > 0 else 1.0
-
-
-def token_log_probs(logits: Tensor, token_ids: Tensor, temperature: float) -> Tensor:
-    """log_softmax(logits / temperature) at token_ids, in float32, computed as the training side does.
-
-    logits: (..., vocab) raw model outputs; token_ids: (...) the chosen tokens. Returns (...).
-    """
-    return log_probs_from_logits(logits.float() / temperature, token_ids)
+from ember.rollout.base import FinishReason
 
 
 def trim_response(

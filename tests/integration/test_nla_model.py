@@ -230,7 +230,7 @@ def test_sft_padding_copies_count_for_nothing():
     import dataclasses as dc
 
     from ember.nla.data import NLASFTExample
-    from ember.trainer.nla_sft import PADDING_INDEX, critic_sft_batch, nla_sft_batch
+    from ember.nla.sft import PADDING_INDEX, critic_sft_batch, nla_sft_batch
 
     example = NLASFTExample([3, 4, 5], [6, 7, 1], 1, torch.ones(HIDDEN), 0, "x")
     padding = dc.replace(example, index=PADDING_INDEX)

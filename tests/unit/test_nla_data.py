@@ -18,7 +18,7 @@ from ember.nla.data import (
     vector_options,
 )
 from ember.nla.marker import Marker, choose_marker, marker_metadata
-from ember.trainer.nla_sft import nla_sft_batch
+from ember.nla.sft import nla_sft_batch
 
 H = 4
 

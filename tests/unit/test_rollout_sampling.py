@@ -7,9 +7,10 @@ import math
 import pytest
 import torch
 
+from ember.inference.sampling import log_prob_temperature, token_log_probs
 from ember.rollout.base import SamplingParams
 from ember.rollout.hf import build_generation_config, left_pad
-from ember.rollout.sampling import log_prob_temperature, token_log_probs, trim_response
+from ember.rollout.sampling import trim_response
 
 
 @pytest.mark.parametrize(

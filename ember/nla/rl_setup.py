@@ -1,7 +1,7 @@
 """Builds the driver's parts of an `ember nla train` run: the prompts with their vectors and the role groups
-(each rank's roles, the reconstructor included, are `rl_setup.build_rank_roles`'s).
+(each rank's roles, the reconstructor included, are `trainer/rank_setup.build_rank_roles`'s).
 
-The actor, its rollout and the resource pools are `rl_setup`'s: an NLA run differs in its data
+The actor, its rollout and the resource pools are `trainer/rl_setup`'s: an NLA run differs in its data
 (`NLAPromptDataset`), in the actor's forwards (the batch carries the vectors, which the engine
 injects) and in its critic, a `Reconstructor` in place of a value model, placed where the
 critic's pool is.
@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 def build_nla_components(cfg: NLATrainConfig, use_ray: bool | None = None) -> tuple[RLComponents, list[int]]:
     """The driver's parts of an NLA run, and the token ids of `critic.critic_prompt` (none when unset);
-    `use_ray` as `rl_setup.build_worker_groups` takes it."""
+    `use_ray` as `trainer/rl_setup.build_worker_groups` takes it."""
     arr, data = cfg.actor_rollout_ref, cfg.data
     startup = StartUp()
     with startup.phase("data"):

@@ -1,4 +1,4 @@
-"""`ember nla train`: NLA's RL loop, the RL loop of `rl.py` with the reconstructor as the reward.
+"""`ember nla train`: NLA's RL loop, the RL loop of `trainer/rl.py` with the reconstructor as the reward.
 
 Each step: generate `rollout.n` explanations per prompt with the prompt's vector written over
 its marker's input embedding in ember's engine's prefill → the reconstructor (the critic,
@@ -27,11 +27,11 @@ from ember.distributed.device import rank
 from ember.nla.data import NLAPromptRecord
 from ember.nla.data import reading_options
 from ember.nla.eval import eval_sampling, evaluate, read_eval_sets, should_evaluate, write_explanations
+from ember.nla.rl_setup import build_nla_components
 from ember.rollout import Injection
 from ember.trainer.experience import Experience, Scores
 from ember.trainer.dumps import advantages_in_generation_order, write_generations
 from ember.trainer.metrics import timed
-from ember.trainer.nla_setup import build_nla_components
 from ember.trainer.rl import RLTrainer
 from ember.trainer.rank_setup import use_configured_device
 from ember.trainer.rl_setup import RLComponents
