@@ -12,11 +12,12 @@ its own package's setting, as in verl: `WANDB_MODE=offline` (no account needed) 
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import dataclass
 from typing import Any
 
-from ember.config import config_to_dict
+from ember.config import ConfigError, config_to_dict
 
 MLFLOW_PARAM_CHARS = 500  # MLflow's smallest limit on a parameter value across its releases
 _MLFLOW_UNSAFE = re.compile(r"[^0-9A-Za-z_\-. /]")  # characters MLflow refuses in a metric name
@@ -34,6 +35,24 @@ class TrackedRun:
     def of(cls, cfg: Any) -> TrackedRun:
         """The run described by a loaded configuration (RL or SFT)."""
         return cls(cfg.trainer.project_name, cfg.trainer.experiment_name, config_to_dict(cfg))
+
+
+WANDB_MODES_WITHOUT_LOGIN = ("offline", "disabled", "dryrun")  # WANDB_MODE values that send nothing
+
+
+def check_tracker_login(loggers) -> None:
+    """With wandb in `trainer.logger`, the run must have a wandb account to log to (or send nothing):
+    otherwise `wandb.init` would stop the run after the models load, or wait at a login prompt."""
+    if "wandb" not in loggers or os.environ.get("WANDB_API_KEY"):
+        return
+    if os.environ.get("WANDB_MODE", "").lower() in WANDB_MODES_WITHOUT_LOGIN:
+        return
+    import wandb
+
+    if not wandb.login(prompt=False, verify=False):
+        raise ConfigError("trainer.logger names wandb but wandb is not logged in on this machine; run `wandb login` "
+                          "(or set WANDB_API_KEY), or set WANDB_MODE=offline to keep the run's logs locally "
+                          "(`wandb sync` uploads them later), or drop wandb from trainer.logger")
 
 
 class WandbSink:

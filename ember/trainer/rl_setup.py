@@ -24,6 +24,7 @@ from ember.rewards import RewardManager, resolve_reward_fn
 from ember.trainer.rank_setup import import_external_libs, load_tokenizer, run_noise_injection, stop_token_ids
 from ember.trainer.rank_worker import RankWorker
 from ember.trainer.resume import CheckpointedModel
+from ember.trainer.experiment_trackers import check_tracker_login
 from ember.trainer.model_folder import check_model_path, check_tokenizer, model_vocab_size
 from ember.trainer.role_groups import ActorGroup, CriticGroup, ReferenceGroup, RolloutGroup
 from ember.trainer.run_folder import check_run_folder
@@ -168,6 +169,7 @@ def check_input_paths(cfg: EmberConfig) -> None:
     check_data_files("data.train_files", cfg.data.train_files)
     check_data_files("data.val_files", cfg.data.val_files)
     check_output_dir("trainer.default_local_dir", cfg.trainer.default_local_dir)
+    check_tracker_login(cfg.trainer.logger)
     check_run_folder(cfg.trainer, checkpointed_models(cfg))
 
 

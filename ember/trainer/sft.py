@@ -38,7 +38,7 @@ from ember.engines.optim import OptimOptions
 from ember.trainer.checkpoint import HF_CHECKPOINT_DIR, CheckpointManager
 from ember.trainer.command_line import (OVERRIDE_HELP, RunPlan, add_config_arguments, config_overrides, exit_status,
                                         run_configured)
-from ember.trainer.experiment_trackers import TrackedRun
+from ember.trainer.experiment_trackers import TrackedRun, check_tracker_login
 from ember.trainer.faults import BadStepGuard, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.plot import plot_curves
@@ -301,6 +301,7 @@ def check_sft_config(cfg: SFTConfig) -> None:
     check_data_files("data.train_files", cfg.data.train_files)
     check_data_files("data.val_files", cfg.data.val_files)
     check_output_dir("trainer.default_local_dir", cfg.trainer.default_local_dir)
+    check_tracker_login(cfg.trainer.logger)
     check_run_folder(cfg.trainer, sft_checkpointed_models(cfg))
     configured = configured_world_size(cfg.trainer)
     if world_size() != configured:

@@ -79,3 +79,37 @@ def test_mlflow_run_in_a_file_store_holds_the_names_config_and_every_step(tmp_pa
         history = client.get_metric_history(run.info.run_id, key)
         assert {metric.step: metric.value for metric in history} == {step: STEPS[step][key] for step in STEPS}
     assert run.data.metrics["val-core/mean/acc"] == 1.0
+
+
+@pytest.fixture
+def no_wandb_login(tmp_path, monkeypatch):
+    """A machine where nobody ran `wandb login`: no key in the environment or in ~/.netrc."""
+    wandb = pytest.importorskip("wandb")
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "NETRC", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "home" / "wandb-config"))
+    wandb.teardown()
+    yield
+    wandb.teardown()
+
+
+def sft_run_with_wandb(tmp_path):
+    from fixtures import make_tiny_model_dir
+
+    data = tmp_path / "train.parquet"
+    data.write_bytes(b"")  # only its existence is checked before the run
+    return load_config([f"model.partial_pretrain={make_tiny_model_dir(tmp_path)}", f"data.train_files={data}",
+                        f"trainer.default_local_dir={tmp_path / 'run'}", "trainer.logger=['console','wandb']"],
+                       schema=SFTConfig)
+
+
+def test_wandb_without_a_login_stops_the_run_before_any_work_saying_what_to_run(no_wandb_login, tmp_path,
+                                                                                monkeypatch):
+    from ember.trainer.sft import check_sft_config
+
+    cfg = sft_run_with_wandb(tmp_path)
+    with pytest.raises(ConfigError, match=r"wandb is not logged in.*`wandb login`.*WANDB_MODE=offline"):
+        check_sft_config(cfg)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    check_sft_config(cfg)
