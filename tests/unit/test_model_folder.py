@@ -132,6 +132,26 @@ def test_a_hub_id_with_no_network_is_said_at_once(no_hub):
         check_model_path(KEY, "Qwen/Qwen2.5-0.5B")
 
 
+def test_a_relative_folder_the_hub_does_not_know_is_no_such_folder(no_hub, monkeypatch, tmp_path):
+    """`models/qwen` (one slash, relative, no such folder) reads as a hub id only until the hub says it has none."""
+    monkeypatch.setattr(huggingface_hub, "repo_exists", lambda repo_id, *args, **kwargs: False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    with pytest.raises(ConfigError, match=f"^{KEY}=models/qwen: no such folder, .*nor a model on the hub"):
+        check_model_path(KEY, "models/qwen")
+
+
+def test_a_hub_id_in_the_cache_or_on_the_hub_passes(no_hub, monkeypatch):
+    snapshot = Path(huggingface_hub.constants.HF_HUB_CACHE) / "models--Qwen--Qwen2.5-0.5B" / "snapshots" / "abc"
+    snapshot.mkdir(parents=True)
+    (snapshot / "config.json").write_text("{}")
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("abc")
+    check_model_path(KEY, "Qwen/Qwen2.5-0.5B")  # cached: the hub (unreachable here) is not asked
+    monkeypatch.setattr(huggingface_hub, "repo_exists", lambda repo_id, *args, **kwargs: repo_id == "Qwen/Qwen3-8B")
+    check_model_path(KEY, "Qwen/Qwen3-8B")
+
+
 # --- the tokenizer, checked with the run's other inputs (here `ember sft`'s) ------------------------------
 
 
