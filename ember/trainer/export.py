@@ -50,6 +50,9 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
     line, and returns `out_dir`."""
     checkpoint_dir = os.path.normpath(checkpoint_dir)
     policy_dir = os.path.join(checkpoint_dir, ENGINE_DIR)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # transformers would log it and write nothing
+        raise UserError(f"{out_dir} is a file, not a folder; pass the folder to write the Hugging Face model to "
+                        "(created if missing)")
     if not os.path.exists(checkpoint_dir):
         raise UserError(f"checkpoint folder {checkpoint_dir} does not exist; pass a global_step_N folder written by "
                         "ember train or ember sft")

@@ -127,9 +127,17 @@ def check_output_dir(key: str, path: str) -> None:
         raise ConfigError(f"{key}={path} is not writable; point it at a folder you can write")
 
 
+def tensorboard_environment_dir(loggers) -> dict[str, str]:
+    """`$TENSORBOARD_DIR` as an output folder of a run that writes TensorBoard events there
+    (`loggers.tensorboard_dir`; without it they go under trainer.default_local_dir)."""
+    path = os.environ.get("TENSORBOARD_DIR")
+    return {"TENSORBOARD_DIR (environment)": path} if path and "tensorboard" in loggers else {}
+
+
 def check_input_paths(cfg: EmberConfig) -> None:
     """Stops a run before any work when a model, tokenizer, data file, reward file or
-    checkpoint it names does not exist, or its output folder cannot be written, naming the key to change;
+    checkpoint it names does not exist, or an output folder (checkpoints, dumps, traces, TensorBoard) cannot be
+    written, naming the key to change;
     or when its resume or fresh start would lose another run's work (`run_folder.check_run_folder`)."""
     arr = cfg.actor_rollout_ref
     if arr.model.path is None:
@@ -168,7 +176,15 @@ def check_input_paths(cfg: EmberConfig) -> None:
     check_data_files("custom_reward_function.path", cfg.custom_reward_function.path)
     check_data_files("data.train_files", cfg.data.train_files)
     check_data_files("data.val_files", cfg.data.val_files)
-    check_output_dir("trainer.default_local_dir", cfg.trainer.default_local_dir)
+    profiler = cfg.global_profiler
+    outputs = {"trainer.default_local_dir": cfg.trainer.default_local_dir,
+               "trainer.rollout_data_dir": cfg.trainer.rollout_data_dir,
+               "trainer.validation_data_dir": cfg.trainer.validation_data_dir,
+               "global_profiler.save_path": profiler.save_path if profiler.tool and profiler.steps else None,
+               **tensorboard_environment_dir(cfg.trainer.logger)}
+    for key, path in outputs.items():
+        if path:
+            check_output_dir(key, path)
     check_tracker_login(cfg.trainer.logger)
     check_run_folder(cfg.trainer, checkpointed_models(cfg))
 

@@ -46,7 +46,8 @@ from ember.trainer.resume import CheckpointedModel, resume_from_checkpoint
 from ember.trainer.run_folder import check_run_folder, claim_run_folder
 from ember.trainer.rank_setup import build_engine, megatron_section, use_configured_device
 from ember.trainer.model_folder import check_model_path, check_tokenizer, model_vocab_size
-from ember.trainer.rl_setup import check_data_files, check_megatron_sizes, check_output_dir
+from ember.trainer.rl_setup import (check_data_files, check_megatron_sizes, check_output_dir,
+                                     tensorboard_environment_dir)
 from ember.trainer.run_state import save_run_state
 from ember.trainer.sft_step import sft_eval_sums, sft_update
 
@@ -300,7 +301,10 @@ def check_sft_config(cfg: SFTConfig) -> None:
         raise ConfigError("data.train_files is not set; give parquet file(s) of training examples")
     check_data_files("data.train_files", cfg.data.train_files)
     check_data_files("data.val_files", cfg.data.val_files)
-    check_output_dir("trainer.default_local_dir", cfg.trainer.default_local_dir)
+    outputs = {"trainer.default_local_dir": cfg.trainer.default_local_dir,
+               **tensorboard_environment_dir(cfg.trainer.logger)}
+    for key, path in outputs.items():
+        check_output_dir(key, path)
     check_tracker_login(cfg.trainer.logger)
     check_run_folder(cfg.trainer, sft_checkpointed_models(cfg))
     configured = configured_world_size(cfg.trainer)

@@ -185,6 +185,13 @@ TRAIN_ERRORS = {
                                    "trainer.default_local_dir={reward}/run cannot be created (Not a directory"),
     "output_folder_is_a_file": (["trainer.default_local_dir={reward}"],
                                 "trainer.default_local_dir={reward} is a file, not a folder"),
+    "rollout_dump_folder_is_a_file": (["trainer.rollout_data_dir={reward}"],
+                                      "trainer.rollout_data_dir={reward} is a file, not a folder"),
+    "validation_dump_folder_under_a_file": (["trainer.validation_data_dir={reward}/dumps"],
+                                            "trainer.validation_data_dir={reward}/dumps cannot be created"),
+    "profiler_folder_is_a_file": (["global_profiler.tool=torch", "global_profiler.steps=[1]",
+                                   "global_profiler.save_path={reward}"],
+                                  "global_profiler.save_path={reward} is a file, not a folder"),
     "reward_function_not_in_its_file": (["custom_reward_function.path={reward}", "custom_reward_function.name=nope"],
                                         "no function 'nope' in {reward} (functions defined there: ['helper', 'score'])"),
     "required_section_removed": (["~actor_rollout_ref.actor"], "cannot remove actor_rollout_ref.actor: every run needs"),
@@ -211,6 +218,14 @@ def test_train_input_errors_exit_2_before_any_work(case, run_inputs, tmp_path, c
     assert not (tmp_path / "run" / "config.yaml").exists()  # stopped before the run began
 
 
+def test_a_tensorboard_dir_in_the_environment_that_cannot_be_a_folder_exits_2(run_inputs, tmp_path, capsys,
+                                                                             monkeypatch):
+    monkeypatch.setenv("TENSORBOARD_DIR", str(run_inputs.reward))
+    status, err = train_exit(capsys, run_inputs, tmp_path / "run", "trainer.logger=['console','tensorboard']")
+    assert status == 2 and err.startswith(f"error: TENSORBOARD_DIR (environment)={run_inputs.reward} is a file")
+    assert not (tmp_path / "run" / "config.yaml").exists()
+
+
 @pytest.mark.parametrize("key", ["data.train_files", "data.val_files"])
 def test_train_names_an_unreadable_parquet_file(key, run_inputs, tmp_path, capsys):
     broken = corrupt_parquet(write_parquet([rl_row(f"{i} + 2", str(i + 2)) for i in range(8)],
@@ -226,3 +241,11 @@ def test_export_of_a_missing_or_non_checkpoint_path_exits_2(tmp_path, capsys):
     (tmp_path / "file").write_text("not a checkpoint")
     assert main(["export", str(tmp_path / "file"), str(tmp_path / "out")]) == 2
     assert f"error: {tmp_path}/file is not a checkpoint: it has no actor/ folder" in capsys.readouterr().err
+
+
+def test_export_onto_an_existing_file_exits_2_and_leaves_it(tmp_path, capsys):
+    (tmp_path / "run" / "global_step_1" / "actor").mkdir(parents=True)
+    (tmp_path / "model.bin").write_text("the user's file")
+    assert main(["export", str(tmp_path / "run" / "global_step_1"), str(tmp_path / "model.bin")]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {tmp_path}/model.bin is a file, not a folder")
+    assert (tmp_path / "model.bin").read_text() == "the user's file"
