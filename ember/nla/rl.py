@@ -135,11 +135,12 @@ class NLARLTrainer(RLTrainer):
         return metrics
 
 
-def run_nla_rl(cfg: NLATrainConfig) -> int:
-    """`ember nla train`: NLA GRPO to the end of the run (or a requested stop)."""
+def run_nla_rl(cfg: NLATrainConfig, use_ray: bool | None = None) -> int:
+    """`ember nla train`: NLA GRPO to the end of the run (or a requested stop); `use_ray` as
+    `build_nla_components` takes it."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     use_configured_device(cfg.trainer.device)
-    parts, critic_prompt_ids = build_nla_components(cfg)
+    parts, critic_prompt_ids = build_nla_components(cfg, use_ray)
     trainer = NLARLTrainer(cfg, parts, critic_prompt_ids)
     try:
         trainer.fit()

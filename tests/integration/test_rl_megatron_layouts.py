@@ -106,8 +106,7 @@ def run_nla(model_dir: Path, train_file: Path, run_dir: Path, ranks: int, *layou
     """Two NLA GRPO steps of the fork's 7B run file on the tiny model, actor and reconstructor on Megatron."""
     from ember.config.loader import load_config
     from ember.config.schema.nla_train import NLATrainConfig
-    from ember.nla.rl import NLARLTrainer
-    from ember.nla.rl_setup import build_nla_components
+    from ember.nla.rl import run_nla_rl
 
     overrides = [f"actor_rollout_ref.model.path={model_dir}", f"critic.model.path={model_dir}",
                  "critic.output_layer_index=1", f"data.train_files=[{train_file}]", "data.val_files=null",
@@ -122,13 +121,7 @@ def run_nla(model_dir: Path, train_file: Path, run_dir: Path, ranks: int, *layou
                  "critic.strategy=megatron", "actor_rollout_ref.actor.megatron.param_dtype=float32",
                  "actor_rollout_ref.ref.megatron.param_dtype=float32", "critic.megatron.param_dtype=float32", *layout]
     cfg = load_config(overrides, str(NLA_RUN), "runs/qwen_7b/rl_grpo", schema=NLATrainConfig)
-    parts, critic_prompt_ids = build_nla_components(cfg, use_ray=True)
-    trainer = NLARLTrainer(cfg, parts, critic_prompt_ids)
-    try:
-        trainer.fit()
-    finally:
-        trainer.parts.shutdown()
-        trainer.logger.close()
+    assert run_nla_rl(cfg, use_ray=True) == 0
     return metrics_by_step(run_dir), hf_weights(run_dir / "critic_hf_model")
 
 
