@@ -1,4 +1,5 @@
-"""RL algorithms as pure functions of tensors: advantages, policy and value losses, KL, entropy.
+"""RL algorithms as pure functions of tensors: advantages, policy and value losses, KL, entropy,
+rollout correction.
 
 Nothing here knows about configs, engines or distribution: callers pass plain arguments or
 the small records defined next to each function. Tensors are [batch, response_length] with a
@@ -31,6 +32,15 @@ from ember.algorithms.policy_loss import (
     compute_gspo_policy_loss,
     compute_vanilla_policy_loss,
 )
+from ember.algorithms.rollout_correction import (
+    MISMATCH_METRICS,
+    MISMATCH_PREFIXES,
+    RolloutCorrection,
+    compute_mismatch_metrics,
+    compute_rollout_correction,
+    compute_rollout_is_weights,
+    compute_rollout_rejection_mask,
+)
 from ember.algorithms.registry import (
     advantage_names,
     get_advantage_fn,
@@ -44,23 +54,30 @@ from ember.algorithms.value_loss import ValueLossOutput, compute_value_loss
 
 __all__ = [
     "LOSS_AGG_MODES",
+    "MISMATCH_METRICS",
+    "MISMATCH_PREFIXES",
     "AdaptiveKLController",
     "AdvantageInputs",
     "ClipConfig",
     "FixedKLController",
     "PolicyLossInputs",
     "PolicyLossOutput",
+    "RolloutCorrection",
     "ValueLossOutput",
     "advantage_names",
     "aggregate_loss",
     "apply_kl_penalty",
     "compute_gae_advantages",
     "compute_grpo_advantages",
+    "compute_mismatch_metrics",
     "compute_gspo_policy_loss",
     "compute_reinforce_plus_plus_advantages",
     "compute_reinforce_plus_plus_baseline_advantages",
     "compute_remax_advantages",
     "compute_rloo_advantages",
+    "compute_rollout_correction",
+    "compute_rollout_is_weights",
+    "compute_rollout_rejection_mask",
     "compute_value_loss",
     "compute_vanilla_policy_loss",
     "count_tokens_and_sequences",

@@ -54,6 +54,7 @@ class PolicyLossInputs:
     log_probs: torch.Tensor  # log π of the same tokens under the policy being trained (carries the gradient)
     advantages: torch.Tensor  # advantage of each token
     response_mask: torch.Tensor  # 1 for tokens that count, 0 for padding
+    rollout_is_weights: torch.Tensor | None = None  # rollout correction's weights: each token's loss × its weight
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,6 +73,11 @@ def clipped_surrogate(*, ratio: torch.Tensor, advantages: torch.Tensor,
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - clip.low, 1 + clip.high)
     return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+def _weighted(token_losses: torch.Tensor, inputs: PolicyLossInputs) -> torch.Tensor:
+    """Token losses × rollout correction's importance weights (verl applies them after clipping)."""
+    return token_losses if inputs.rollout_is_weights is None else token_losses * inputs.rollout_is_weights
 
 
 @register_policy_loss("vanilla")
@@ -97,7 +103,7 @@ def compute_vanilla_policy_loss(
     dual_clip_cap = -inputs.advantages * clip.clip_ratio_c
     negative = inputs.advantages < 0
     token_losses = torch.where(negative, torch.minimum(surrogate, dual_clip_cap), surrogate)
-    loss = aggregate_loss(token_losses, mask=mask, mode=loss_agg_mode, num_tokens=num_tokens,
+    loss = aggregate_loss(_weighted(token_losses, inputs), mask=mask, mode=loss_agg_mode, num_tokens=num_tokens,
                           num_sequences=num_sequences, norm_length=norm_length)
     with torch.no_grad():
         return PolicyLossOutput(
@@ -137,7 +143,7 @@ def compute_gspo_policy_loss(
     token_log_ratio = inputs.log_probs - inputs.log_probs.detach() + sequence_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX))
     token_losses, clipped = clipped_surrogate(ratio=ratio, advantages=inputs.advantages, clip=clip)
-    loss = aggregate_loss(token_losses, mask=mask, mode=loss_agg_mode, num_tokens=num_tokens,
+    loss = aggregate_loss(_weighted(token_losses, inputs), mask=mask, mode=loss_agg_mode, num_tokens=num_tokens,
                           num_sequences=num_sequences, norm_length=norm_length)
     with torch.no_grad():
         return PolicyLossOutput(

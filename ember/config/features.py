@@ -88,6 +88,10 @@ RL_UNIMPLEMENTED: list[Row] = [
      lambda cfg: f"{_A}.rollout.name={cfg.actor_rollout_ref.rollout.name} with rollout.require_named_engine=true: "
                  f"{cfg.actor_rollout_ref.rollout.name} itself is not available in ember; drop require_named_engine "
                  "to run on ember's own engine, or use ember or hf"),
+    (lambda cfg: cfg.algorithm.rollout_correction.bypass_mode,
+     lambda cfg: "algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs as the old ones, weights and "
+                 "rejection inside the actor's loss) is not implemented yet; use bypass_mode=false (decoupled: old "
+                 "log-probs computed, the same rollout_is/rollout_rs keys)"),
     (lambda cfg: cfg.actor_rollout_ref.rollout.mode == "async",
      lambda cfg: f"{_A}.rollout.mode=async (a rollout server for agent loops) is not implemented yet; use sync"),
     (lambda cfg: not cfg.actor_rollout_ref.hybrid_engine,

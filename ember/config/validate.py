@@ -21,6 +21,7 @@ from ember.config.nla_rules import megatron_critic_pipeline_error, nla_extract_e
 from ember.config.numbers import number_errors
 from ember.config.parallel import data_parallel_size, nearest_divisors, world_size
 from ember.config.placement import placement_errors, role_gpus
+from ember.config.rollout_correction import parse_rejection
 from ember.config.schema import EmberConfig, SFTConfig
 from ember.config.schema.megatron import MegatronConfig
 from ember.config.schema.nla_extract import NLAExtractConfig
@@ -245,6 +246,21 @@ def _dapo_errors(cfg: EmberConfig) -> list[str]:
     return errors
 
 
+def _rollout_correction_errors(cfg: EmberConfig) -> list[str]:
+    """verl's rollout correction keys: a positive truncation and a rejection rule that parses."""
+    correction, path = cfg.algorithm.rollout_correction, "algorithm.rollout_correction"
+    errors = []
+    if correction.rollout_is is not None and not correction.rollout_is_threshold > 0:
+        errors.append(f"{path}.rollout_is_threshold={correction.rollout_is_threshold}: give a positive upper bound of "
+                      "the importance weights (typical 2.0-5.0)")
+    if correction.rollout_rs is not None:
+        try:
+            parse_rejection(correction.rollout_rs, correction.rollout_rs_threshold)
+        except ValueError as error:
+            errors.append(f"{path}: {error}")
+    return errors
+
+
 def _rl_errors(cfg: EmberConfig) -> list[str]:
     errors = _bound_errors(cfg, _rl_bounds(cfg)) + _logger_package_errors(cfg.trainer.logger)
     world = world_size(cfg.trainer)
@@ -284,7 +300,7 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
     if cfg.algorithm.adv_estimator == "gae" and not critic.enable:
         errors.append("algorithm.adv_estimator=gae needs a critic but critic.enable=false; "
                       "remove critic.enable=false or choose a critic-free estimator such as grpo")
-    errors += _dapo_errors(cfg) + _profiler_errors(cfg)
+    errors += _dapo_errors(cfg) + _profiler_errors(cfg) + _rollout_correction_errors(cfg)
     if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path is None:
         errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (the checkpoint folder to resume from)")
     if cfg.reward_model.enable and cfg.reward_model.model.path is None:

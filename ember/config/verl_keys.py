@@ -136,6 +136,10 @@ RL_VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.rollout.layer_name_map": VerlKey("vLLM's Megatron weight names; ember maps its own"),
     "algorithm.use_pf_ppo": VerlKey("PF-PPO's reweighting is not in ember", False, refuse=True),
     "algorithm.pf_ppo": VerlKey("use_pf_ppo only (refused)"),
+    "algorithm.rollout_correction.rollout_token_veto_threshold": VerlKey(
+        "older verl's per-token veto, which verl replaced (January 2026, #4544) by the rejection options "
+        "seq_max_k2/seq_max_k3: write algorithm.rollout_correction.rollout_rs=seq_max_k2 and rollout_rs_threshold",
+        None, refuse=True),
     "critic.forward_micro_batch_size": VerlKey(
         "write critic.forward_micro_batch_size_per_gpu", "${oc.select:.ppo_micro_batch_size,null}", refuse=True),
     "critic.rollout_n": VerlKey("ember reads actor_rollout_ref.rollout.n"),

@@ -65,6 +65,9 @@ class Batch:
     """[B, R] advantage of each response token."""
     returns: Tensor | None = _tensor(RESPONSE)
     """[B, R] value targets for the critic."""
+    rollout_is_weights: Tensor | None = _tensor(RESPONSE)
+    """[B, R] rollout correction's truncated importance weights π_old/π_rollout (detached; 0 on
+    padding), multiplying each token's policy loss; None without `rollout_is`."""
 
     activation_vectors: Tensor | None = _tensor(SAMPLE)
     """[B, H] float32 NLA: each sample's activation vector (the actor's injected input; the

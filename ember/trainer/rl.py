@@ -36,6 +36,8 @@ from ember.trainer.loggers import MetricLogger
 from ember.trainer.metrics import compute_data_metrics, compute_timing_metrics, timed
 from ember.trainer.rank_setup import use_configured_device
 from ember.trainer.rl_setup import RLComponents, build_components
+from ember.trainer.rollout_correction import correct_rollout
+from ember.trainer.rollout_correction import needs_old_log_probs as needs_correction_log_probs
 from ember.trainer.resume import resume_from_checkpoint
 from ember.trainer.run_folder import claim_run_folder
 from ember.trainer.run_state import save_run_state
@@ -143,7 +145,8 @@ class RLTrainer:
                 batch, balance_metrics, balance_order = balanced.batch, balanced.metrics, balanced.permutation
                 if reward_baselines is not None:  # one per sample: follows the new order
                     reward_baselines = reward_baselines[balanced.permutation]
-            if parts.actor.needs_old_log_probs(len(batch)):
+            correction = cfg.algorithm.rollout_correction
+            if parts.actor.needs_old_log_probs(len(batch)) or needs_correction_log_probs(correction):
                 with timed(timings, "old_log_prob"):
                     batch.old_log_probs = parts.actor.compute_log_probs(batch)
             if parts.reference is not None:
@@ -156,9 +159,12 @@ class RLTrainer:
                 with timed(timings, "reward"):
                     scored = scored.result()
             scores = scored.scores if balance_order is None else scored.scores[torch.tensor(balance_order)]
-            batch.token_level_scores = token_level_scores(batch, scores)
+            batch.token_level_scores = token_level_scores(batch, scores)  # on the last token before rejection
+            generated_mask = batch.response_mask
+            correction_metrics = correct_rollout(batch, correction)
             with timed(timings, "adv"):
                 metrics = self.compute_advantages(batch, reward_baselines)
+            metrics.update(correction_metrics)
             if cfg.trainer.rollout_data_dir and rank() == 0:
                 self.dump_rollouts(experience, scored, batch, balance_order)
             critic_update = None
@@ -180,7 +186,8 @@ class RLTrainer:
         metrics.update(balance_metrics)
         if scored.accuracies is not None:
             metrics["critic/acc/mean"] = scored.accuracies.mean().item()
-        metrics.update(compute_data_metrics(batch, cfg.data.max_response_length,
+        as_generated = replace(batch, response_mask=generated_mask)  # lengths before rollout correction's rejection
+        metrics.update(compute_data_metrics(as_generated, cfg.data.max_response_length,
                                             parts.critic is not None and self.critic_gives_values))
         metrics.update(compute_timing_metrics(timings, batch))
         metrics["training/epoch"] = float(parts.train_loader.epoch)

@@ -1,9 +1,11 @@
 """The actor role: a TrainEngine plus the policy objective.
 
 The actor is blind to how advantages were made: it receives a Batch whose `advantages`
-(and, when needed, `old_log_probs` / `ref_log_probs`) are filled, and applies the policy
-loss + optional KL loss − entropy bonus over mini-batches of `ppo_mini_batch_size` prompts
-(× `rollout.n` samples), `ppo_epochs` times.
+(and, when needed, `old_log_probs` / `ref_log_probs`, rollout correction's
+`rollout_is_weights`) are filled, and applies the policy loss + optional KL loss − entropy
+bonus over mini-batches of `ppo_mini_batch_size` prompts (× `rollout.n` samples),
+`ppo_epochs` times. Without old log-probs (one update per batch) its own forward is π_old,
+so it logs the rollout mismatch (`rollout_corr/*`) from that forward.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ from dataclasses import dataclass
 import torch
 
 from ember.algorithms import (
+    MISMATCH_PREFIXES,
     ClipConfig,
     PolicyLossInputs,
     aggregate_loss,
+    compute_mismatch_metrics,
     get_policy_loss_fn,
     kl_penalty,
 )
@@ -72,7 +76,8 @@ class Actor(EngineRole):
                     compute_entropy=True, temperature=options.temperature,
                     entropy_grad=options.entropy_coeff != 0))
         self.version += 1
-        return {f"actor/{key}": value for key, value in average_metrics(results).items()}
+        return {key if key.startswith(MISMATCH_PREFIXES) else f"actor/{key}": value
+                for key, value in average_metrics(results).items()}
 
     def _loss(self, output: ModelOutput, batch: Batch, context: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's share of the mini-batch loss (normalised by the global counts), and
@@ -83,7 +88,8 @@ class Actor(EngineRole):
         counts = dict(num_tokens=context.num_tokens, num_sequences=context.num_sequences)
         aggregation = dict(mask=mask, mode=options.loss_agg_mode, norm_length=options.norm_length)
         inputs = PolicyLossInputs(old_log_probs=old_log_probs, log_probs=output.log_probs,
-                                  advantages=batch.advantages, response_mask=mask)
+                                  advantages=batch.advantages, response_mask=mask,
+                                  rollout_is_weights=batch.rollout_is_weights)
         policy_aggregation = dict(loss_agg_mode=options.loss_agg_mode, norm_length=options.norm_length)
         policy = self.policy_loss_fn(inputs, options.clip, **policy_aggregation, **counts)
         loss = policy.loss
@@ -92,6 +98,8 @@ class Actor(EngineRole):
             entropy = aggregate_loss(output.entropy, **aggregation)
         metrics = {"pg_loss": local_policy.loss, "pg_clipfrac": policy.clipfrac, "ppo_kl": policy.ppo_kl,
                    "pg_clipfrac_lower": policy.clipfrac_lower, "entropy": entropy}
+        if batch.old_log_probs is None and batch.rollout_log_probs is not None:  # this forward is π_old
+            metrics.update(compute_mismatch_metrics(output.log_probs.detach(), batch.rollout_log_probs, mask))
         if options.entropy_coeff:
             loss = loss - options.entropy_coeff * aggregate_loss(output.entropy, **aggregation, **counts)
         if options.use_kl_loss:
