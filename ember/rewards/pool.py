@@ -23,6 +23,7 @@ picklable ``RewardFnSpec``. As with any ``spawn`` multiprocessing, a script that
 must guard its entry point with ``if __name__ == "__main__":``.
 """
 
+import atexit
 import math
 import multiprocessing
 import signal
@@ -102,7 +103,10 @@ def score_batch(fn, items: list) -> list[ItemOutcome]:
 
 def _worker_main(spec: RewardFnSpec, connection, progress) -> None:
     """Body of a worker process: load the function, then score chunks until told to stop."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    # A signal to the whole process group (Ctrl-C, `timeout`, a SLURM time limit, `scancel`) is the parent's to
+    # handle: it finishes the step (these workers score its rewards), saves, then stops them (`close`).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     fn = spec.load()
     connection.send(("ready",))
     while True:
@@ -162,6 +166,8 @@ class WorkerPool:
         self._spec = spec
         self._timeout_s = timeout_s
         self._workers = [_Worker(self._context, spec) for _ in range(num_workers)]
+        # Before multiprocessing's own exit handler, which would wait forever on workers that ignore its SIGTERM.
+        atexit.register(self.close)
 
     def score(self, items: list[RewardItem]) -> list[ItemOutcome]:
         outcomes: list[ItemOutcome | None] = [None] * len(items)
@@ -185,6 +191,7 @@ class WorkerPool:
 
     def close(self) -> None:
         """Stop the workers: ask politely, then kill those that do not exit within a second."""
+        atexit.unregister(self.close)
         for worker in self._workers:
             if worker.process.is_alive():
                 worker.connection.send(None)

@@ -2,6 +2,9 @@
 
 import logging
 import math
+import multiprocessing
+import os
+import signal
 import textwrap
 import time
 
@@ -142,6 +145,35 @@ def test_crashed_worker_counts_as_error_and_is_replaced(reward_spec):
         assert manager.score(numbered_items(6)).scores == expected_scores(6)
     assert result.scores == expected
     assert result.num_errors == 1 and result.num_timeouts == 0
+
+
+def wait_until_ignored(pid: int, number: int, timeout_s: float = 60.0) -> None:
+    """Until process `pid` ignores signal `number` (its SigIgn mask in /proc)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/status") as status:
+            mask = int(next(line for line in status if line.startswith("SigIgn:")).split()[1], 16)
+        if mask >> (number - 1) & 1:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"process {pid} never ignored signal {number}")
+
+
+def test_a_signal_to_the_whole_process_group_leaves_the_workers_to_their_parent(reward_spec):
+    with RewardManager(reward_spec, num_workers=2) as manager:
+        assert manager.score(numbered_items(4)).scores == expected_scores(4)  # the workers are up
+        workers = [child for child in multiprocessing.active_children() if child.name == "ember-reward-worker"]
+        assert len(workers) == 2
+        for worker in workers:  # a worker still starting up has not set its handlers yet
+            wait_until_ignored(worker.pid, signal.SIGINT)
+        for worker in workers:  # what `timeout`, scancel or Ctrl-C send to every process of the job
+            os.kill(worker.pid, signal.SIGTERM)
+            os.kill(worker.pid, signal.SIGINT)
+        time.sleep(0.5)
+        assert all(worker.is_alive() for worker in workers)
+        result = manager.score(numbered_items(20))  # the parent finishes its step
+    assert result.scores == expected_scores(20) and result.num_errors == 0
+    assert not any(worker.is_alive() for worker in workers)  # and stops them itself
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
