@@ -5,7 +5,8 @@ The actor is blind to how advantages were made: it receives a Batch whose `advan
 `rollout_is_weights`) are filled, and applies the policy loss + optional KL loss − entropy
 bonus over mini-batches of `ppo_mini_batch_size` prompts (× `rollout.n` samples),
 `ppo_epochs` times. Without old log-probs (one update per batch) its own forward is π_old,
-so it logs the rollout mismatch (`rollout_corr/*`) from that forward.
+so it logs the rollout mismatch (`rollout_corr/*`) from that forward: like its other
+metrics, averaged over micro-batches and ranks (a `_max` is the mean of each micro-batch's).
 """
 
 from __future__ import annotations
