@@ -12,6 +12,8 @@ from rl_helpers import prepare_inputs, run_overrides
 class RecordedEngine:
     """Stands in for an engine: remembers what `build_engine` was asked for."""
 
+    dp_size = 1  # one rank: the roles' mini-batch shares are whole
+
     def __init__(self, role, megatron):
         self.role, self.megatron = role, megatron
 
