@@ -9,6 +9,8 @@ import math
 import signal
 import threading
 
+from ember.errors import UserError
+
 
 class StopRequest:
     """Within the `with` block, SIGINT and SIGTERM set `requested` instead of killing the
@@ -34,6 +36,11 @@ class StopRequest:
     def __exit__(self, *exc) -> None:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
+
+
+class BadStepsError(UserError):
+    """Several bad updates in a row stopped the run: `error: <BadStepGuard.stop_message>` and exit status 2, no
+    traceback (the weights, data or learning rate are at fault, and the message names the checkpoint to go back to)."""
 
 
 class BadStepGuard:

@@ -31,7 +31,7 @@ from ember.trainer.balance import balance_batch
 from ember.trainer.checkpoint import HF_CHECKPOINT_DIR, CheckpointManager
 from ember.trainer.experience import Experience, Scores, generate_experience, score_experience, token_level_scores
 from ember.trainer.experiment_trackers import TrackedRun
-from ember.trainer.faults import BadStepGuard, StopRequest
+from ember.trainer.faults import BadStepGuard, BadStepsError, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.metrics import compute_data_metrics, compute_timing_metrics, timed
 from ember.trainer.rank_setup import use_configured_device
@@ -114,7 +114,7 @@ class RLTrainer:
                 metrics.update(parts.startup.metrics())  # with the first step this process trains
                 self.logger.log(self.step, metrics)
                 if self.guard.should_stop:
-                    raise RuntimeError(f"{self.guard.stop_message()}. Lower the learning rate or check the data.")
+                    raise BadStepsError(f"{self.guard.stop_message()}. Lower the learning rate or check the data.")
                 checkpoint_due = last or _every(cfg.trainer.save_freq, self.step) or stop.requested
                 saved = self.save() if checkpoint_due else False
                 if stop.requested and not last:  # a stop on the last step finishes the run

@@ -39,7 +39,7 @@ from ember.trainer.checkpoint import HF_CHECKPOINT_DIR, CheckpointManager
 from ember.trainer.command_line import (OVERRIDE_HELP, RunPlan, add_config_arguments, config_overrides, exit_status,
                                         run_configured)
 from ember.trainer.experiment_trackers import TrackedRun, check_tracker_login
-from ember.trainer.faults import BadStepGuard, StopRequest
+from ember.trainer.faults import BadStepGuard, BadStepsError, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.plot import plot_curves
 from ember.trainer.resume import CheckpointedModel, resume_from_checkpoint
@@ -135,7 +135,7 @@ class SFTTrainer:
                         metrics["val/loss"] = self.validation_loss()
                     self.logger.log(self.step, metrics)
                     if self.guard.should_stop:
-                        raise RuntimeError(f"{self.guard.stop_message()}. Lower optim.lr or check the data.")
+                        raise BadStepsError(f"{self.guard.stop_message()}. Lower optim.lr or check the data.")
                     checkpoint_due = last or _every(trainer.save_freq, self.step) or stop.requested
                     saved = self.save() if checkpoint_due else False
                     if stop.requested:

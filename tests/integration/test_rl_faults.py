@@ -13,7 +13,7 @@ import torch
 from ember.cli import main as ember_main
 from ember.trainer.checkpoint import list_checkpoints
 from ember.trainer.export import export_checkpoint
-from ember.trainer.faults import StopRequest
+from ember.trainer.faults import BadStepsError, StopRequest
 from rl_helpers import (
     DATA_SOURCE,
     build_trainer,
@@ -91,7 +91,7 @@ def test_non_finite_losses_skip_updates_and_three_in_a_row_stop_the_run(role, in
         return (loss * float("nan"), metrics) if trainer.step in nan_steps else (loss, metrics)
 
     worker._loss = loss_that_goes_nan
-    with pytest.raises(RuntimeError) as stopped:
+    with pytest.raises(BadStepsError) as stopped:
         fit(trainer)
     assert str(stopped.value).startswith("3 updates in a row were bad (last at step 7: a non-finite loss or gradient "
                                          f"norm, update skipped); the last sound checkpoint is {run_dir / 'global_step_6'}")
@@ -122,7 +122,7 @@ def test_a_diverged_loss_keeps_its_weights_out_of_checkpoints_and_names_the_last
         return (loss * 1e12, metrics) if trainer.step in diverged_steps else (loss, metrics)
 
     worker._loss = loss_that_blows_up
-    with pytest.raises(RuntimeError) as stopped:
+    with pytest.raises(BadStepsError) as stopped:
         fit(trainer)
 
     steps = metrics_by_step(run_dir)

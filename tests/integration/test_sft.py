@@ -107,7 +107,7 @@ def test_ranks_take_contiguous_blocks_and_evaluation_pads_without_targets():
 # --- whole runs in this process --------------------------------------------------------------------
 
 
-def test_a_diverged_loss_keeps_its_weights_out_of_checkpoints(workspace, tmp_path, monkeypatch):
+def test_a_diverged_loss_keeps_its_weights_out_of_checkpoints(workspace, tmp_path, monkeypatch, capsys):
     def update_with_a_planted_loss(engine, examples, *args):
         update = sft_update(engine, examples, *args)
         steps["count"] += 1
@@ -116,11 +116,14 @@ def test_a_diverged_loss_keeps_its_weights_out_of_checkpoints(workspace, tmp_pat
     steps = {"count": 0}
     monkeypatch.setattr("ember.trainer.sft.sft_update", update_with_a_planted_loss)
     run_dir = tmp_path / "run"
-    with pytest.raises(RuntimeError, match=r"^3 updates in a row were bad \(last at step 4: train/loss=3e\+09 above "
-                                           r"trainer.max_loss_or_grad_norm=1e\+08\); the last sound checkpoint is "
-                                           + re.escape(str(run_dir / "global_step_1"))):
-        main(["sft", *run_args(workspace, run_dir, "data.train_batch_size=4", "data.micro_batch_size_per_gpu=4",
-                                "trainer.total_training_steps=8", "trainer.save_freq=1")])
+    status = main(["sft", *run_args(workspace, run_dir, "data.train_batch_size=4", "data.micro_batch_size_per_gpu=4",
+                                    "trainer.total_training_steps=8", "trainer.save_freq=1")])
+    assert status == 2  # a clean stop: the message, no traceback
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert re.search(r"^error: 3 updates in a row were bad \(last at step 4: train/loss=3e\+09 above "
+                    r"trainer.max_loss_or_grad_norm=1e\+08\); the last sound checkpoint is "
+                    + re.escape(str(run_dir / "global_step_1")), err, re.MULTILINE)
     assert [step for step, _ in list_checkpoints(str(run_dir))] == [1]
 
 
