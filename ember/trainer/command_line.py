@@ -85,12 +85,20 @@ def run_configured(args: argparse.Namespace, overrides: list[str], schema: type,
     return chosen.run(cfg)
 
 
+INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
+
+
 def exit_status(command: Callable[[], int]) -> int:
     """`command()`'s status, or 2 after printing `error: <message>` (and no traceback) for a
-    `UserError`, whose message names the key, file or path to change; any other exception is
-    ember's own bug and propagates with its traceback."""
+    `UserError`, whose message names the key, file or path to change, or INTERRUPTED after one line
+    for a Ctrl-C the run did not handle itself; any other exception is ember's own bug and propagates
+    with its traceback."""
     try:
         return command()
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C where no stop is handled (start-up) or a second one: not a bug
+        print("stopped by Ctrl-C; nothing after the last checkpoint was saved (rerun with trainer.resume_mode=auto "
+              "to go on from it)", file=sys.stderr)
+        return INTERRUPTED

@@ -93,12 +93,17 @@ class RLTrainer:
         with parts.startup.phase("resume"):
             self.resume()
         start_time = time.monotonic()
-        if parts.val_dataset is not None and (cfg.trainer.val_only or (cfg.trainer.val_before_train and self.step == 0)):
-            with parts.startup.phase("validation"):
-                self.log_validation(self.validate())
-        if cfg.trainer.val_only:
-            return self.validation_history[-1][1] if self.validation_history else {}
         with StopRequest() as stop:
+            if parts.val_dataset is not None and (cfg.trainer.val_only or (cfg.trainer.val_before_train and
+                                                                          self.step == 0)):
+                with parts.startup.phase("validation"):
+                    self.log_validation(self.validate())
+            if cfg.trainer.val_only:
+                return self.validation_history[-1][1] if self.validation_history else {}
+            if stop.requested:  # during the first validation: nothing trained since the checkpoint resumed from
+                logger.warning("stopping before step %d on %s; nothing trained, no checkpoint written", self.step + 1,
+                               stop.signal_name)
+                return {}
             while self.step < parts.total_steps:
                 prompts = self.next_prompts()
                 self.step += 1

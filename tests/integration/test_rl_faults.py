@@ -77,6 +77,21 @@ def test_a_stop_requested_during_the_last_step_still_finishes_the_run(inputs, tm
     assert signal.getsignal(signal.SIGTERM) is handler_before
 
 
+def test_ctrl_c_during_the_first_validation_stops_before_step_1(inputs, tmp_path):
+    run_dir = tmp_path / "run"
+    trainer = build_trainer(run_overrides(inputs, run_dir, "trainer.total_training_steps=2",
+                                          "trainer.val_before_train=True"))
+    validate = trainer.validate
+
+    def validate_then_receive_sigint():
+        os.kill(os.getpid(), signal.SIGINT)  # handled: only sets the stop request
+        return validate()
+
+    trainer.validate = validate_then_receive_sigint
+    assert fit(trainer) == {}
+    assert trainer.step == 0 and list_checkpoints(str(run_dir)) == []
+
+
 @pytest.mark.parametrize("role", ["actor", "critic"])
 def test_non_finite_losses_skip_updates_and_three_in_a_row_stop_the_run(role, inputs, tmp_path):
     run_dir = tmp_path / "run"

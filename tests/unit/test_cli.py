@@ -121,6 +121,19 @@ def test_train_passes_the_loaded_config_to_run_rl(monkeypatch, tmp_path):
     assert cfg.algorithm.adv_estimator == "grpo" and cfg.actor_rollout_ref.rollout.n == 4
 
 
+@pytest.mark.parametrize("command", ["train", "sft"])
+def test_ctrl_c_during_start_up_is_a_clean_stop(command, monkeypatch, capsys):
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    fake_module(monkeypatch, f"ember.trainer.{'rl' if command == 'train' else 'sft'}",
+                **{"run_rl" if command == "train" else "run_sft": interrupted})
+    assert main([command, "actor_rollout_ref.model.path=/models/qwen" if command == "train"
+                 else "optim.lr=2e-5"]) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("stopped by Ctrl-C") and "Traceback" not in err
+
+
 def test_sft_passes_the_loaded_config_to_run_sft(monkeypatch):
     received = []
     fake_module(monkeypatch, "ember.trainer.sft", run_sft=lambda cfg: received.append(cfg) or 3)
