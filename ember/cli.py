@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from ember import __version__
-from ember.config import EmberConfig, SFTConfig
+from ember.config import ConfigError, EmberConfig, SFTConfig
 from ember.config.presets import BUILTIN_DEMO_OVERRIDES, is_builtin_demo
 from ember.nla.commands import NLA_COMMANDS
 from ember.trainer.command_line import (
@@ -79,12 +79,18 @@ def main(argv: list[str] | None = None) -> int:
         return exit_status(lambda: run_configured(args, overrides, command.schema, command.plan))
     if args.command == "sft":
         return exit_status(lambda: run_configured(args, overrides, SFTConfig, lambda cfg: RunPlan(_run_sft)))
-    return exit_status(lambda: run_configured(args, overrides, EmberConfig, _train_plan))
+    return exit_status(lambda: run_configured(args, overrides, EmberConfig,
+                                              lambda cfg: _train_plan(cfg, args.config_name)))
 
 
-def _train_plan(cfg: EmberConfig) -> RunPlan:
-    """The built-in demo (its settings under the user's) when neither a model nor training data is named."""
+def _train_plan(cfg: EmberConfig, config_name: str | None) -> RunPlan:
+    """The built-in demo (its settings under the user's) when neither a model nor training data is named and
+    no config file is given (a run file that names neither, e.g. an empty one, is a mistake, not a demo)."""
     if is_builtin_demo(cfg.actor_rollout_ref.model.path, cfg.data.train_files):
+        if config_name is not None:
+            raise ConfigError(f"--config-name {config_name} sets neither actor_rollout_ref.model.path nor "
+                              "data.train_files (is the file empty?); set both in it or on the command line, or "
+                              "leave out --config-name to run the built-in demo")
         return RunPlan(_run_builtin, presets=BUILTIN_DEMO_OVERRIDES)
     return RunPlan(_run_rl)
 

@@ -109,6 +109,14 @@ def test_train_without_a_model_or_data_runs_the_builtin_demo_with_the_users_over
     assert cfg.trainer.experiment_name == "builtin-arithmetic" and cfg.actor_rollout_ref.rollout.n == 4
 
 
+def test_an_empty_config_file_is_an_error_not_the_builtin_demo(monkeypatch, tmp_path, capsys):
+    fake_module(monkeypatch, "ember.trainer.builtin", run_builtin=lambda cfg: pytest.fail("an empty file ran the demo"))
+    (tmp_path / "run.yaml").write_text("")
+    assert main(["train", "--config-path", str(tmp_path), "--config-name", "run"]) == 2
+    assert capsys.readouterr().err.startswith("error: --config-name run sets neither actor_rollout_ref.model.path nor "
+                                              "data.train_files (is the file empty?)")
+
+
 def test_train_passes_the_loaded_config_to_run_rl(monkeypatch, tmp_path):
     received = []
     fake_module(monkeypatch, "ember.trainer.rl", run_rl=lambda cfg: received.append(cfg) or 0)
