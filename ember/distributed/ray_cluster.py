@@ -46,6 +46,11 @@ def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -
                           f"(nodes: {len(ray.nodes())}, wanted {nodes}). On several machines start Ray first: "
                           "`ray start --head` on one, `ray start --address=HEAD_IP:6379` on the others, then run "
                           "ember on the head; or lower trainer.nnodes / trainer.n_gpus_per_node")
+    nodes, alive = max(pool.nnodes for pool in placement.pools), sum(node.get("Alive", True) for node in ray.nodes())
+    if alive < nodes:  # its ranks would all run on the machines there are, and the run would end as if it had not
+        raise ConfigError(f"trainer.nnodes={nodes} but the Ray cluster has {alive} machine(s). On several machines "
+                          "start Ray first: `ray start --head` on one, `ray start --address=HEAD_IP:6379` on the "
+                          "others, then run ember on the head; on one machine set trainer.nnodes=1")
     return RayOptions(use_gpus=use_gpus)
 
 

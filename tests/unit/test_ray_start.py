@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from ember.config import load_config
+from ember.config import ConfigError, load_config
 from ember.config.placement import plan_placement
 from ember.distributed.ray_cluster import QUIET_RAY_ENVIRONMENT, start_ray
 
@@ -42,3 +42,14 @@ def test_a_started_ray_reports_nothing_in_the_background_unless_asked(monkeypatc
     # the driver's own environment is as before: a later Ray in this process (one with a timeline) chooses anew
     assert {name: os.environ.get(name) for name in QUIET_RAY_ENVIRONMENT} == {
         "RAY_enable_metrics_collection": None, "RAY_task_events_report_interval_ms": user_value}
+
+
+def test_more_nodes_than_the_cluster_has_machines_is_refused(monkeypatch):
+    ray = fake_ray({})
+    ray.nodes = lambda: [{"Alive": True}, {"Alive": False}]  # one machine up, one gone
+    monkeypatch.setitem(sys.modules, "ray", ray)
+    cfg = load_config(["trainer.nnodes=2", "trainer.n_gpus_per_node=2", "trainer.device=cpu"])
+    with pytest.raises(ConfigError, match=r"trainer.nnodes=2 but the Ray cluster has 1 machine\(s\)"):
+        start_ray(cfg.ray_init, plan_placement(cfg), wants_gpus=False)
+    ray.nodes = lambda: [{"Alive": True}, {"Alive": True}]
+    start_ray(cfg.ray_init, plan_placement(cfg), wants_gpus=False)
