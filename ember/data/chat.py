@@ -16,6 +16,8 @@ from transformers import PreTrainedTokenizerBase
 from ember.data.parquet import SourceRow
 
 Messages = list[dict[str, Any]]
+# The roles chat templates know: OpenAI's (developer included), tool results as Qwen and Llama 3 name them.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function", "ipython")
 
 
 def check_messages(row: SourceRow, column: str) -> Messages:
@@ -33,6 +35,9 @@ def check_messages(row: SourceRow, column: str) -> Messages:
             raise row.error(
                 column, f"message {position} is not a {{role, content}} mapping of strings: {message!r:.200}"
             )
+        if message["role"] not in CHAT_ROLES:  # a template would render it as it pleases, or drop it silently
+            raise row.error(column, f"message {position} has role {message['role']!r}, which is none of "
+                                    f"{', '.join(CHAT_ROLES)}; fix the role in the data")
         # pyarrow fills keys that only other rows have with None; templates should not see them.
         messages.append({key: item for key, item in message.items() if item is not None})
     return messages

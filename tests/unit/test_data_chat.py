@@ -17,6 +17,14 @@ def test_check_messages_drops_keys_pyarrow_filled_with_none():
         check_messages(empty, "prompt")
 
 
+def test_an_unknown_role_is_named_not_passed_to_the_template():
+    row = SourceRow("f.parquet", 2, {"prompt": [{"role": "system", "content": "be brief"},
+                                                {"role": "usr", "content": "hi"}]})
+    with pytest.raises(DatasetError, match=r"f.parquet, row 2, column 'prompt': message 1 has role 'usr', which is "
+                                           r"none of system, developer, user, assistant, tool"):
+        check_messages(row, "prompt")
+
+
 def test_render_without_chat_template_says_what_to_do():
     tokenizer = make_tokenizer()
     tokenizer.chat_template = None
