@@ -116,7 +116,7 @@ def run_nla(model_dir: Path, train_file: Path, run_dir: Path, ranks: int, *layou
                  "trainer.total_training_steps=2", "data.max_response_length=8", "data.max_prompt_length=64",
                  "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4", "critic.ppo_mini_batch_size=8",
                  "critic.ppo_micro_batch_size_per_gpu=4", "critic.optim.lr=1e-3", "critic.critic_prompt='Summary:'",
-                 "trainer.save_freq=-1", "actor_rollout_ref.rollout.name=ember",
+                 "trainer.save_freq=-1", f"trainer.rollout_data_dir={run_dir}/dumps", "actor_rollout_ref.rollout.name=ember",
                  "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron",
                  "critic.strategy=megatron", "actor_rollout_ref.actor.megatron.param_dtype=float32",
                  "actor_rollout_ref.ref.megatron.param_dtype=float32", "critic.megatron.param_dtype=float32", *layout]
