@@ -61,6 +61,18 @@ class ItemOutcome:
     failure: Failure | None = None
 
 
+def failure_location(error: BaseException) -> str:
+    """`file:line` where a reward failed: the innermost frame outside installed packages (the user's
+    code: a `sys.exit` wrapped by a library, e.g. wandb's exit hook, is named where it was called),
+    else the innermost frame."""
+    frames = traceback.extract_tb(error.__traceback__)
+    if not frames:
+        return "?"
+    own = [frame for frame in frames if "site-packages" not in frame.filename and "dist-packages" not in frame.filename]
+    frame = (own or frames)[-1]
+    return f"{frame.filename}:{frame.lineno}"
+
+
 def score_item(fn: BoundRewardFn, item: RewardItem) -> ItemOutcome:
     """Score one item; an exception from the function (``SystemExit`` included: a reward cannot end
     the run) becomes a failure, except a ``RewardConfigError``, which propagates because every item
@@ -70,8 +82,7 @@ def score_item(fn: BoundRewardFn, item: RewardItem) -> ItemOutcome:
     except RewardConfigError:
         raise
     except (Exception, SystemExit) as error:  # any bug in a user's reward function (sys.exit too) fails its sample
-        frames = traceback.extract_tb(error.__traceback__)
-        where = f"{frames[-1].filename}:{frames[-1].lineno}"
+        where = failure_location(error)
         summary = f"{type(error).__name__} at {where} (data_source={item.data_source!r}): {error}"
         details = "".join(traceback.format_exception(error))
         return ItemOutcome(failure=Failure("error", (type(error).__name__, where), summary, details))
@@ -86,8 +97,7 @@ def score_batch(fn, items: list) -> list[ItemOutcome]:
     except RewardConfigError:
         raise
     except (Exception, SystemExit) as error:
-        frames = traceback.extract_tb(error.__traceback__)
-        where = f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
+        where = failure_location(error)
         failure = Failure("error", (type(error).__name__, where),
                           f"{type(error).__name__} at {where} (a batch of {len(items)}): {error}",
                           "".join(traceback.format_exception(error)))
