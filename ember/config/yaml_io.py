@@ -49,6 +49,19 @@ class ConfigYamlLoader(yaml.SafeLoader):
         finally:
             self._depth -= 1
 
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        """A mapping, refusing a key written twice (PyYAML keeps the last silently; Hydra's loader refuses it)."""
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                line = key_node.start_mark.line + 1
+                if key_node.value in lines:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"the key {key_node.value!r} is written twice (lines {lines[key_node.value]} and "
+                        f"{line}); keep one", key_node.start_mark)
+                lines[key_node.value] = line
+        return super().construct_mapping(node, deep=deep)
+
     def get_single_node(self) -> Any:
         node = super().get_single_node()
         if node is not None:

@@ -70,3 +70,15 @@ def test_a_file_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
 def test_a_deep_command_line_value_is_refused_as_an_override():
     with pytest.raises(ConfigError, match=r"cannot read the value of override .* more than 32 levels deep"):
         load_config(["+custom_reward_function.reward_kwargs.x=" + "[" * 1000 + "]" * 1000])
+
+
+def test_a_key_written_twice_is_refused_naming_both_lines(tmp_path):
+    from ember.config.yaml_io import read_yaml_file
+
+    path = tmp_path / "twice.yaml"
+    path.write_text("actor:\n  lr: 1e-6\n  clip: 0.2\n  lr: 1e-5\n")
+    with pytest.raises(ConfigError, match=r"the key 'lr' is written twice \(lines 2 and 4\)"):
+        read_yaml_file(str(path))
+    merged = tmp_path / "merged.yaml"  # a merge key and the keys it is overridden by are not duplicates
+    merged.write_text("base: &base {lr: 1, clip: 2}\nactor:\n  <<: *base\n  lr: 3\n")
+    assert read_yaml_file(str(merged))["actor"] == {"lr": 3, "clip": 2}
