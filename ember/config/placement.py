@@ -14,6 +14,11 @@ containing "actor" or "rollout" is the pool of actor, rollout and reference, one
 
     ray_kwargs: {resource_pool: {actor_rollout: {num_gpus: 4}, critic: {num_gpus: 4}}}
 
+The fork itself never reads these pools (its check for them never passes) and always shares
+every GPU, so a file it runs is never refused here: named pools that do not describe a shared
+or split run (a critic pool of 0 GPUs, sizes that do not fit) leave every GPU shared, and a
+split ember does honour differs from the fork's placement; `named_pool_note` says which.
+
 The one thing to know: a run is either *shared* (one pool, or every pool asks for all the
 GPUs of the run: the roles live in the same processes and take turns, offloading what is
 idle) or *split* (pools whose sizes add up to the run's GPUs, laid out on disjoint GPUs in
@@ -88,9 +93,40 @@ def requested_pools(cfg: EmberConfig) -> tuple[dict[str, list[int] | int], dict[
     if role_entries:
         return ({role: entry.num_gpus for role, entry in role_entries.items()},
                 {role: role for role in role_entries}, "role")
-    if named:
+    if named and _named_problem(named, cfg) is None:
         return named, _named_pool_roles(named), "named"
+    if named or (cfg.ray_kwargs.resource_pool and not forms):  # the fork's pools, unusable: all GPUs shared, as there
+        return {}, {}, "named"
     return dict(config.pools), dict(config.mapping), "pools"
+
+
+def _named_problem(named: dict[str, list[int]], cfg: EmberConfig) -> str | None:
+    """Why the fork's named pools describe no shared or split run (None: they do)."""
+    if not named:
+        return "no pool has GPUs"
+    try:
+        mapping = _named_pool_roles(named)
+    except ConfigError as error:
+        return str(error)
+    return "; ".join(_size_errors(named, mapping, "named", cfg)) or None
+
+
+def named_pool_note(cfg: EmberConfig) -> str | None:
+    """One line for the log where the fork's named pools place the run otherwise than the fork, which never
+    reads them and shares every GPU (None: no named pools, or they ask for sharing too)."""
+    named = _named_pools(cfg.ray_kwargs.resource_pool, cfg.trainer.nnodes)
+    if not named:  # none, or only the fork base's 0-GPU declarations: nothing asked of the placement
+        return None
+    problem = _named_problem(named, cfg)
+    if problem is not None:
+        return (f"ray_kwargs.resource_pool is not used ({problem}): the NLA fork never reads these pools and shares "
+                "every GPU between its roles, and so does this run")
+    placement = plan_placement(cfg)
+    if placement.split:
+        sizes = " + ".join(f"{pool.name} {pool.size}" for pool in placement.pools)
+        return (f"ray_kwargs.resource_pool puts the roles on separate GPUs as written ({sizes}); the NLA fork never "
+                "reads these pools and shares every GPU, so its run of this file is placed otherwise (same numbers)")
+    return None
 
 
 def _named_pools(entries: dict[str, object], nnodes: int) -> dict[str, list[int]]:
@@ -132,6 +168,12 @@ def placement_errors(cfg: EmberConfig) -> list[str]:
         requested, mapping, form = requested_pools(cfg)
     except ConfigError as error:
         return [str(error)]
+    return _size_errors(requested, mapping, form, cfg)
+
+
+def _size_errors(requested: dict[str, list[int] | int], mapping: dict[str, str], form: str,
+                 cfg: EmberConfig) -> list[str]:
+    """What is wrong with the pools' names and sizes against the run's GPUs."""
     nnodes, per_node = cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node
     total = nnodes * per_node
     run = f"the run has {total} GPUs (trainer.nnodes × trainer.n_gpus_per_node = {nnodes} × {per_node})"

@@ -17,7 +17,7 @@ from ember.data.prompt_loader import PromptLoader
 from ember.data.rl_dataset import RLDataset
 from ember.config.parallel import megatron_size_errors
 from ember.config.parallel import world_size as world_size_of
-from ember.config.placement import Placement, Pool, plan_placement
+from ember.config.placement import Placement, Pool, named_pool_note, plan_placement
 from ember.distributed.ray_cluster import start_ray, write_timeline
 from ember.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from ember.rewards import RewardManager, resolve_reward_fn
@@ -262,6 +262,9 @@ def build_worker_groups(cfg: EmberConfig, total_steps: int, use_ray: bool | None
     """A worker group per pool of the run, keyed by role: in this process for a run of one device,
     Ray workers otherwise (one per GPU of each pool); `use_ray` forces either (benchmarks of Ray's cost)."""
     placement = plan_placement(cfg)
+    note = named_pool_note(cfg)  # where the NLA fork's pools place the run otherwise than the fork itself
+    if note:
+        logger.warning(note)
     layout = pool_roles(cfg, placement)
     if use_ray is False and world_size_of(cfg.trainer) > 1:
         raise ValueError(f"a run of {world_size_of(cfg.trainer)} GPUs has its ranks in Ray workers; use_ray=False "

@@ -9,7 +9,7 @@ import pytest
 from ember.config import ConfigError, NotImplementedFeature, check_implemented, config_to_yaml, load_config
 from ember.config.describe import describe_keys
 from ember.config.features import NLA_EVAL_UNIMPLEMENTED, unimplemented_features
-from ember.config.placement import plan_placement
+from ember.config.placement import named_pool_note, plan_placement
 from ember.config.schema.fsdp import FSDPConfig
 from ember.config.schema.nla_extract import NLAExtractConfig
 from ember.config.schema.nla_sft import NLASFTConfig
@@ -193,22 +193,26 @@ def test_truncated_critic_reading_a_layer_it_keeps_loads():
     assert run_file("runs/qwen_7b/rl_grpo", ["critic.model.truncate_at_layer=20"]).critic.model.truncate_at_layer == 20
 
 
-@pytest.mark.parametrize("pools, expected", [
-    ({"actor_rollout": 8, "reward": 0, "critic_pool": 8}, None),
-    ({"rollout_workers": 4, "critics": 4}, None),
-    ({"train": 4, "critic": 4}, "ray_kwargs.resource_pool.train names no role"),
-    ({"actor_rollout": 8}, "none for critic"),
-    ({"actor_rollout": 6, "critic": 4}, "asks for actor_rollout 6 + critic 4 = 10 GPUs but the run has 8 GPUs"),
-    ({"actor_rollout": 4, "critic": 2}, "must add up to 8, or each ask for all 8 to share them"),
+@pytest.mark.parametrize("pools, split, note", [
+    ({"actor_rollout": 8, "reward": 0, "critic_pool": 8}, False, None),
+    ({"rollout_workers": 4, "critics": 4}, True, "puts the roles on separate GPUs as written (rollout_workers 4 + critics 4)"),
+    # The fork never reads its pools and shares every GPU: a file it runs is not refused here.
+    ({"train": 4, "critic": 4}, False, "is not used (ray_kwargs.resource_pool.train names no role"),
+    ({"actor_rollout": 8, "critic": 0}, False, "none for critic"),
+    ({"actor_rollout": 6, "critic": 4}, False, "asks for actor_rollout 6 + critic 4 = 10 GPUs but the run has 8 GPUs"),
+    ({"actor_rollout": 4, "critic": 2}, False, "must add up to 8, or each ask for all 8 to share them"),
 ])
-def test_named_pools_map_roles_by_name(pools, expected):
+def test_named_pools_map_roles_by_name_and_what_the_fork_ignores_is_shared(pools, split, note):
     overrides = [f"+ray_kwargs.resource_pool.{name}.num_gpus={gpus}" for name, gpus in pools.items()]
-    if expected is not None:
-        assert expected in error_of(overrides)
-        return
-    placement = plan_placement(run_file("runs/qwen_7b/rl_grpo", overrides))
-    assert placement.pool_of("actor_rollout").size + (0 if not placement.split else placement.pool_of("critic").size) == 8
+    cfg = run_file("runs/qwen_7b/rl_grpo", overrides)
+    placement = plan_placement(cfg)
+    assert placement.split == split
+    assert placement.pool_of("actor_rollout").size + (placement.pool_of("critic").size if split else 0) == 8
     assert placement.pool_of("ref") == placement.pool_of("actor_rollout")
+    if note is None:
+        assert named_pool_note(cfg) is None
+    else:
+        assert note in named_pool_note(cfg)
 
 
 def test_named_pools_beside_another_form_are_refused():
