@@ -63,13 +63,19 @@ class RoleGroup:
         shares = [batch.select(range(start, start + size)) if self.dp_size > 1 else batch
                   for start in range(0, len(batch), size)]
         call = "call_measured" if measured else "call"
-        return self.group.start_each(call, [((self.role, method, shares[layout.dp_rank], *args), {})
-                                            for layout in self.layouts])
+        return self._start_by_layout(call, [(self.role, method, share, *args) for share in shares])
+
+    def _start_by_layout(self, call: str, per_share: list[tuple]) -> Pending:
+        """`call` on every rank with the arguments of its data-parallel rank's share (`per_share[dp_rank]`)."""
+        return self.group.start_each(call, [(per_share[layout.dp_rank], {}) for layout in self.layouts])
+
+    def _output_results(self, results: list[Any]) -> list[Any]:
+        """Of every rank's results, each share's, from its replica's output rank, in data-parallel order."""
+        return [results[rank] for rank in self.output_ranks]
 
     def _split_outputs(self, method: str, batch: Batch) -> list[Any]:
         """`method` over `batch` split by data-parallel rank: each share's result, in the batch's order."""
-        results = self._start_split(method, batch).wait()
-        return [results[rank] for rank in self.output_ranks]
+        return self._output_results(self._start_split(method, batch).wait())
 
 
 def output_ranks(layouts: list[DataLayout], what: str) -> list[int]:
@@ -93,7 +99,7 @@ class TrainedRoleGroup(RoleGroup):
         def joined() -> dict[str, float]:
             results = pending.wait()
             seconds = [result[1] for result in results]
-            metrics = dict(results[self.output_ranks[0]][0])
+            metrics = dict(self._output_results(results)[0][0])
             metrics.update({f"perf/{self.role}/update_seconds_max_rank": max(seconds),
                             f"perf/{self.role}/update_seconds_min_rank": min(seconds),
                             f"perf/{self.role}/peak_memory_gb": max(result[2] for result in results) / 2**30})
@@ -169,15 +175,14 @@ class RolloutGroup(RoleGroup):
                  injections: list[Injection | None] | None = None) -> list[RolloutOutput]:
         """Samples grouped by prompt; NLA's `injections` (one per prompt) travel with each rank's prompts."""
         bounds = [len(prompts) * dp_rank // self.dp_size for dp_rank in range(self.dp_size + 1)]
-        per_rank = [((self.role, "generate", prompts[bounds[dp_rank]:bounds[dp_rank + 1]],
-                      replace(sampling, first_prompt_index=sampling.first_prompt_index + bounds[dp_rank]),
-                      None if injections is None else injections[bounds[dp_rank]:bounds[dp_rank + 1]]), {})
-                    for dp_rank in (layout.dp_rank for layout in self.layouts)]
-        results = self.group.run_each("call", per_rank)
+        per_share = [(self.role, "generate", prompts[start:end],
+                      replace(sampling, first_prompt_index=sampling.first_prompt_index + start),
+                      None if injections is None else injections[start:end])
+                     for start, end in zip(bounds, bounds[1:])]
         outputs = []
-        for dp_rank, rank in enumerate(self.output_ranks):
-            for output in results[rank]:
-                output.prompt_index += bounds[dp_rank]
+        for start, share_outputs in zip(bounds, self._output_results(self._start_by_layout("call", per_share).wait())):
+            for output in share_outputs:
+                output.prompt_index += start
                 outputs.append(output)
         return outputs
 
