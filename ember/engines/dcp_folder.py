@@ -17,7 +17,7 @@ import os
 from collections import defaultdict
 from typing import Any
 
-from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata
+from torch.distributed.checkpoint.metadata import BytesStorageMetadata, Metadata, TensorStorageMetadata
 
 from ember.engines.safe_pickle import RefusedPickle, load_checkpoint_object, load_dcp_metadata
 
@@ -32,8 +32,7 @@ def dcp_folder_problem(folder: str, read_entries: bool = False) -> str | None:
     if not os.path.isfile(metadata_file):
         return f"{metadata_file} is missing"
     try:
-        with open(metadata_file, "rb") as file:
-            metadata = load_dcp_metadata(file, metadata_file)
+        metadata = read_metadata(folder)
         needed: dict[str, int] = {}  # shard file -> the bytes its items span
         for item in metadata.storage_data.values():
             needed[item.relative_path] = max(needed.get(item.relative_path, 0), item.offset + item.length)
@@ -48,6 +47,26 @@ def dcp_folder_problem(folder: str, read_entries: bool = False) -> str | None:
         if os.path.getsize(shard) < size:
             return f"{shard} is cut short: {os.path.getsize(shard)} bytes where its {METADATA_FILE} lists {size}"
     return _entries_problem(folder, metadata) if read_entries else None
+
+
+def read_metadata(folder: str) -> Metadata:
+    """`folder`'s DCP metadata, unpickled within the allow-list (`RefusedPickle` names a planted global)."""
+    metadata_file = os.path.join(folder, METADATA_FILE)
+    with open(metadata_file, "rb") as file:
+        return load_dcp_metadata(file, metadata_file)
+
+
+def saved_tensor_shapes(folder: str) -> dict[str, tuple[int, ...]] | None:
+    """The tensors a DCP checkpoint folder holds with their full shapes, from its metadata; None when it has no
+    readable one (another engine's format, or damage `dcp_folder_problem` reports when the checkpoint loads)."""
+    if not os.path.isfile(os.path.join(folder, METADATA_FILE)):
+        return None
+    try:
+        metadata = read_metadata(folder)
+    except Exception:  # a damaged or refused pickle raises whatever its bytes lead to; the folder check names it
+        return None
+    return {name: tuple(item.size) for name, item in metadata.state_dict_metadata.items()
+            if isinstance(item, TensorStorageMetadata)}
 
 
 def _entries_problem(folder: str, metadata: Metadata) -> str | None:

@@ -41,12 +41,10 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from transformers import PretrainedConfig
 
 from ember.engines.base import TrainEngine
-from ember.engines.safe_pickle import RestrictedFileSystemReader
 from ember.models.loading import build_model_on_meta, load_model_config
 from ember.trainer.checkpoint import CheckpointError, CheckpointManager, CheckpointProblem
 from ember.trainer.run_state import SavedRunState, read_run_state
@@ -169,21 +167,8 @@ class CheckpointedModel:
         return {name: tuple(tensor.shape) for name, tensor in get_model_state_dict(model).items()}
 
 
-def saved_tensor_shapes(folder: str) -> dict[str, tuple[int, ...]] | None:
-    """The tensors a DCP checkpoint folder holds with their full shapes, from its `.metadata`; None when it has no
-    readable one (another engine's format, or damage the engine's own check reports when the checkpoint loads)."""
-    if not os.path.isfile(os.path.join(folder, ".metadata")):
-        return None
-    try:
-        metadata = RestrictedFileSystemReader(folder).read_metadata()  # a received checkpoint: no code runs
-    except Exception:  # a damaged pickle raises whatever its bytes lead to; `checkpoint_problem` names it
-        return None
-    return {name: tuple(item.size) for name, item in metadata.state_dict_metadata.items()
-            if isinstance(item, TensorStorageMetadata)}
-
-
 def model_mismatch(folder: str, saved: dict[str, tuple[int, ...]], model: CheckpointedModel) -> str | None:
-    """How the tensors an engine's checkpoint `folder` holds (`saved`, from `saved_tensor_shapes`) differ from
+    """How the tensors an engine's checkpoint `folder` holds (`saved`: `dcp_folder.saved_tensor_shapes`) differ from
     those of the model the run builds (tensors only one of them has, shapes that differ; the first few), or
     None when they agree."""
     expected = model.tensor_shapes

@@ -28,7 +28,8 @@ from ember.config.schema.trainer import RunConfig
 from ember.config.yaml_io import read_yaml_file
 from ember.trainer.checkpoint import (STEP_DIR, TRACKER_FILE, CheckpointError, CheckpointManager, check_resume_path,
                                      list_checkpoints)
-from ember.trainer.resume import CheckpointedModel, model_mismatch, saved_tensor_shapes
+from ember.engines.dcp_folder import saved_tensor_shapes
+from ember.trainer.resume import CheckpointedModel, model_mismatch
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
