@@ -54,13 +54,22 @@ QWEN15_MOE_A27B_SHAPE = dict(arch="qwen2_moe", hidden_size=2048, intermediate_si
                              rms_norm_eps=1e-6, num_experts=60, num_experts_per_tok=4, moe_intermediate_size=1408,
                              shared_expert_intermediate_size=5632, decoder_sparse_step=1, norm_topk_prob=False)
 
+# Qwen3-0.6B's architecture (Qwen3: q/k norms, head size 128 apart from hidden / heads).
+QWEN3_06B_SHAPE = dict(arch="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                       tie_word_embeddings=True, max_position_embeddings=40960, rope_theta=1_000_000.0,
+                       rms_norm_eps=1e-6)
+
 # Model shapes by name: config fields on top of ember's tiny model of the shape's `arch` (qwen2 by default;
 # hidden 64, 2 layers).
 SHAPES: dict[str, dict] = {"tiny": {}, "tiny-moe": {"arch": "qwen2_moe"}, "qwen2.5-0.5b": QWEN25_05B_SHAPE, "qwen2.5-1.5b": QWEN25_15B_SHAPE,
                            "qwen2.5-7b": QWEN25_7B_SHAPE, "smollm2-135m": SMOLLM2_135M_SHAPE,
                            "qwen1.5-moe-a2.7b": QWEN15_MOE_A27B_SHAPE,
                            # its first 4 layers: 14B parameters with fp32 Adam do not fit one 80 GB GPU; 4 do
-                           "qwen1.5-moe-a2.7b-4l": dict(QWEN15_MOE_A27B_SHAPE, num_hidden_layers=4)}
+                           "qwen1.5-moe-a2.7b-4l": dict(QWEN15_MOE_A27B_SHAPE, num_hidden_layers=4),
+                           # 2 layers: Megatron's fp32 masters and Adam state of 4 leave no KV cache on one 80 GB GPU
+                           "qwen1.5-moe-a2.7b-2l": dict(QWEN15_MOE_A27B_SHAPE, num_hidden_layers=2),
+                           "qwen3-0.6b": QWEN3_06B_SHAPE}
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ember checkout holding benchmarks/
 
