@@ -19,6 +19,7 @@ vectors of its hidden size: actor and critic on Megatron at TP=1 (one GPU), TP=2
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import subprocess
@@ -73,6 +74,7 @@ WORKLOADS = {
         ("megatron EP=1, AQN", 1, actor() + AQN), ("megatron EP=2, AQN", 2, actor(ep=2) + AQN)]),
     "nla": ("qwen2.5-0.5b", [
         ("fsdp2, shared", 1, []), ("megatron TP=1, shared", 1, nla_megatron()),
+        ("megatron TP=1 x DP=2, shared", 2, nla_megatron()),
         ("megatron TP=2, split 2 + 2", 4, nla_megatron(tp=2) + NLA_SPLIT),
         ("megatron TP=2 x DP=2, shared", 4, nla_megatron(tp=2)), ("fsdp2 DP=4, shared", 4, [])]),
 }
@@ -91,12 +93,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--response-length", type=int, default=64)
     parser.add_argument("--shape", default=None, help="one model shape for every workload (e.g. tiny, a CPU smoke run)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
+    parser.add_argument("--only", default=None, help="run only the layouts whose name contains this")
+    parser.add_argument("--override", action="append", default=[], help="an override added to every run")
     parser.add_argument("--out", default=None, help="results as JSON (rewritten after every run)")
     return parser.parse_args(argv)
 
 
 def run_layout(command: list[str], gpus: int, overrides: list[str], run_dir: str, timeout: float) -> dict:
     command = [sys.executable, "-m", "ember", *command, f"trainer.n_gpus_per_node={gpus}",
+               f"trainer.rollout_data_dir={os.path.join(run_dir, 'dumps')}",
                f"trainer.default_local_dir={run_dir}", "trainer.logger=['console']", *overrides]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_DIR)
@@ -107,9 +112,20 @@ def run_layout(command: list[str], gpus: int, overrides: list[str], run_dir: str
         steps.setdefault(int(record["step"]), {}).update(record)
     if 2 not in steps:
         return {"error": "no step 2 in metrics.jsonl\n" + result.stdout[-1500:], "wall_s": time.perf_counter() - start}
+    digests = {step: responses_digest(os.path.join(run_dir, "dumps", f"{step}.jsonl")) for step in (1, 2)}
     memory = max((value for key, value in steps[2].items() if key.endswith("peak_memory_gb")), default=None)
-    return {"steps": {step: {key: steps[step].get(key) for key in KEYS} for step in (1, 2)},
+    return {"steps": {step: {key: steps[step].get(key) for key in KEYS} | {"responses": digests[step]}
+                      for step in (1, 2)},
             "step_s": steps[2].get("timing_s/step"), "peak_memory_gb": memory, "wall_s": time.perf_counter() - start}
+
+
+def responses_digest(path: str) -> str | None:
+    """The first 8 hex digits of a hash of one step's sampled responses (the rollout dump), in order: equal
+    digests mean two layouts trained on the same samples."""
+    if not os.path.exists(path):
+        return None
+    records = [json.loads(line) for line in open(path, encoding="utf-8")]
+    return hashlib.sha256(json.dumps([record["output"] for record in records]).encode()).hexdigest()[:8]
 
 
 def nla_command(workload: Workload, model_dir: str, data_file: str, layer: int, run_dir: str) -> list[str]:
@@ -124,7 +140,7 @@ def nla_command(workload: Workload, model_dir: str, data_file: str, layer: int, 
             f"critic.ppo_micro_batch_size_per_gpu={workload.micro_batch}", "trainer.total_training_steps=2",
             f"data.max_response_length={workload.response_length}", f"data.max_prompt_length={workload.prompt_length}",
             "actor_rollout_ref.actor.optim.lr_warmup_steps=0", "critic.optim.lr_warmup_steps=0",
-            "critic.optim.lr=1e-5", "trainer.save_freq=-1", f"trainer.rollout_data_dir={run_dir}/dumps",
+            "critic.optim.lr=1e-5", "trainer.save_freq=-1",
             "actor_rollout_ref.rollout.name=ember", "actor_rollout_ref.rollout.ignore_eos=True",
             "actor_rollout_ref.actor.fsdp_config.param_offload=false",
             "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false",
@@ -149,14 +165,15 @@ def table(rows: list[tuple[str, int, dict]]) -> str:
     lines = []
     for name, gpus, result in rows:
         if "error" in result:
-            lines.append([name, str(gpus), "failed: " + result["error"].splitlines()[-1][:80]] + [""] * 7)
+            lines.append([name, str(gpus), "failed: " + result["error"].splitlines()[-1][:80]] + [""] * 9)
             continue
         one, two = result["steps"][1], result["steps"][2]
         lines.append([name, str(gpus), number(one["actor/grad_norm"]), number(two["actor/grad_norm"]),
                       number(one["actor/pg_loss"]), number(two["actor/entropy"], 5), number(one["critic/score/mean"], 4),
-                      number(one["critic/grad_norm"]), number(result["step_s"], 2), number(result["peak_memory_gb"], 1)])
+                      number(one["critic/grad_norm"]), one.get("responses") or "-", two.get("responses") or "-",
+                      number(result["step_s"], 2), number(result["peak_memory_gb"], 1)])
     return markdown_table(["layout", "GPUs", "grad_norm 1", "grad_norm 2", "pg_loss 1", "entropy 2", "score 1",
-                           "critic grad_norm 1", "step 2 s", "peak GiB"], lines)
+                           "critic grad_norm 1", "responses 1", "responses 2", "step 2 s", "peak GiB"], lines)
 
 
 def main(argv=None) -> int:
@@ -182,7 +199,7 @@ def main(argv=None) -> int:
                                           os.path.join(work_dir, f"rl_train_layer{layer}.parquet"))
             rows = []
             for row, gpus, overrides in layouts:
-                if gpus > args.max_gpus:
+                if gpus > args.max_gpus or (args.only and args.only not in row):
                     continue
                 run_dir = os.path.join(work_dir, f"{name}-{len(rows)}")
                 if name == "nla":
@@ -190,7 +207,7 @@ def main(argv=None) -> int:
                 else:
                     command = ["train", *ember_overrides(workload, model_dir, data_file, reward_file, run_dir,
                                                          max_num_seqs=1024)]
-                rows.append((row, gpus, run_layout(command, gpus, overrides, run_dir, args.timeout)))
+                rows.append((row, gpus, run_layout(command, gpus, overrides + args.override, run_dir, args.timeout)))
                 print(f"{name} / {row}: {json.dumps(rows[-1][2])[:300]}", flush=True)
                 results["workloads"][name] = {"shape": shape, "rows": rows}
                 if args.out:
