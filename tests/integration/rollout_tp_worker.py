@@ -1,6 +1,6 @@
 """Two gloo ranks: ember's generation engine split over both (tensor parallel 2) against the whole engine
-on each rank, on tiny fp32 models (dense, one key-value head shared by both ranks, Qwen2-MoE with its
-shared expert, Qwen3-MoE): greedy tokens, sampled tokens (T=0.7, top-p 0.9) and every token's log-prob
+on each rank, on tiny fp32 models (dense, one key-value head shared by both ranks, tied embeddings over an
+odd vocabulary (each rank holds half the rows, one padded), Qwen2-MoE with its shared expert, Qwen3-MoE): greedy tokens, sampled tokens (T=0.7, top-p 0.9) and every token's log-prob
 must agree; an update of the weights reaches both halves. The MoE models' split engines load from a
 saved directory (one tensor per expert), their whole engines from the fused parameters. Arguments: a
 scratch folder; rank 0 writes "ok" to its `done` file."""
@@ -26,6 +26,7 @@ MODELS = {
     "llama": ("llama", {}),
     "qwen3": ("qwen3", {}),
     "llama, one key-value head": ("llama", dict(num_key_value_heads=1)),
+    "qwen2, tied embeddings, odd vocabulary": ("qwen2", dict(tie_word_embeddings=True, vocab_size=127)),
     "qwen2_moe": ("qwen2_moe", MOE_OVERRIDES["qwen2_moe"]),
     "qwen3_moe": ("qwen3_moe", MOE_OVERRIDES["qwen3_moe"]),
 }
@@ -62,6 +63,10 @@ def split_and_whole(what: str, arch: str, overrides: dict, scratch: Path) -> tup
     split = LLMEngine(model.config, split_source, engine_config(max_num_seqs=4, tensor_parallel_size=2))
     kv_heads = model.config.num_key_value_heads
     assert split.model.num_kv_heads == max(kv_heads // 2, 1) and split.kv_cache.block_shape[2] == split.model.num_kv_heads
+    vocab = model.config.vocab_size  # each rank holds half the vocabulary's rows (padded to an even count)
+    assert split.model.model.embed_tokens.weight.shape[0] == split.model.lm_head.weight.shape[0] == (vocab + 1) // 2
+    assert (split.model.lm_head.weight is split.model.model.embed_tokens.weight) == model.config.tie_word_embeddings
+    assert split.model.logits(torch.zeros(2, model.config.hidden_size)).shape == (2, vocab)  # padding never sampled
     return split, whole, weights
 
 
@@ -70,7 +75,8 @@ def main(scratch: str) -> None:
     for what, (arch, overrides) in MODELS.items():
         split, whole, weights = split_and_whole(what, arch, overrides, Path(scratch))
         compare(outputs(split), outputs(whole), what)
-        changed = {name: tensor * 1.5 for name, tensor in weights.items() if "mlp" in name or "o_proj" in name}
+        changed = {name: tensor * 1.5 for name, tensor in weights.items()
+                   if any(part in name for part in ("mlp", "o_proj", "embed_tokens", "lm_head"))}
         whole.load_weights(changed.items())
         split.load_weights(changed.items())
         compare(outputs(split), outputs(whole), f"{what} after update_weights")

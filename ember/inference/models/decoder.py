@@ -27,6 +27,7 @@ from ember.inference.attention import AttentionInputs, paged_attention
 from ember.inference.models.layers import MLP, RMSNorm, fuse_linears
 from ember.inference.models.moe import SparseMoeBlock
 from ember.inference.models.rope import RotaryEmbedding
+from ember.inference.models.vocab_parallel import VocabParallelEmbedding, VocabParallelHead
 from ember.inference.models.weight_shards import WeightShards
 from ember.inference.tensor_parallel import TensorParallel
 
@@ -175,7 +176,7 @@ class DecoderBody(nn.Module):
                  tensor_parallel: TensorParallel) -> None:
         super().__init__()
         rotary = RotaryEmbedding(head_dim_of(config), max_positions, config.rope_parameters)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tensor_parallel)
         self.layers = nn.ModuleList(DecoderLayer(config, spec, index, rotary, tensor_parallel)
                                     for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -214,7 +215,7 @@ class DecoderForCausalLM(nn.Module):
                                           config.vocab_size)
         """How this rank cuts whole weights as they load (`weight_shards.py`)."""
         self.model = DecoderBody(config, self.spec, max_positions, tensor_parallel)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = VocabParallelHead(config.hidden_size, config.vocab_size, tensor_parallel)
         self.tie_weights()
         self.fused_parameters: frozenset[str] = frozenset()
         """Parameters that are views of a fused weight (`fuse_projections`): filled in place, never rebound."""
@@ -246,7 +247,8 @@ class DecoderForCausalLM(nn.Module):
         injected: EmbeddingEdits | None = None,
     ) -> Tensor:
         """Final hidden states (tokens, hidden) of the step's flat tokens; writes their keys and values to the cache.
-        `injected` rewrites some tokens' embedding outputs first (NLA, prefill only)."""
+        `injected` rewrites some tokens' embedding outputs first (NLA, prefill only; under tensor parallelism
+        after the embedding's all-reduce, so every rank writes the vector over the whole embedding)."""
         states, residual = self.model.embed_tokens(token_ids), None
         if injected is not None:
             states = injected.apply(states)
@@ -255,7 +257,8 @@ class DecoderForCausalLM(nn.Module):
         return self.model.norm.add_and_norm(states, residual)[0]
 
     def logits(self, hidden_states: Tensor) -> Tensor:
-        """Next-token logits (rows, vocab) in the model's dtype (sampling reads them in float32)."""
+        """Next-token logits (rows, vocab) in the model's dtype (sampling reads them in float32); under tensor
+        parallelism gathered from every rank's vocabulary rows, the same whole logits on every rank."""
         return self.lm_head(hidden_states)
 
 
