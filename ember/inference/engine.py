@@ -249,8 +249,10 @@ class LLMEngine:
         return sequences
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]], share: bool = False) -> None:
-        """New weights (checkpoint names, full tensors; any subset) copied into the model in place, or,
-        with `share`, taken as the model's own storage where shape, dtype and device match (no copy)."""
+        """New weights (checkpoint names; any subset) copied into the model in place, or, with `share`,
+        taken as the model's own storage where shape, dtype and device match (no copy). Under tensor
+        parallelism each tensor may be whole or already this rank's part; each rank keeps its part
+        (`models/weight_shards.py`), so a whole model never needs to be sent at once: send it in buckets."""
         if load_weights(self.model, named_tensors, require_all=False, share=share):
             self.decoder.drop_graphs()  # captured graphs read the old weights' memory
 

@@ -1,7 +1,7 @@
 """Two gloo ranks: ember's generation engine split over both (tensor parallel 2) against the whole engine
 on each rank, on tiny fp32 models (dense, one key-value head shared by both ranks, tied embeddings over an
 odd vocabulary (each rank holds half the rows, one padded), Qwen2-MoE with its shared expert, Qwen3-MoE): greedy tokens, sampled tokens (T=0.7, top-p 0.9) and every token's log-prob
-must agree; an update of the weights reaches both halves. The MoE models' split engines load from a
+must agree; an update of the weights reaches both halves, sent whole or as each rank's part. The MoE models' split engines load from a
 saved directory (one tensor per expert), their whole engines from the fused parameters. Arguments: a
 scratch folder; rank 0 writes "ok" to its `done` file."""
 
@@ -70,6 +70,15 @@ def split_and_whole(what: str, arch: str, overrides: dict, scratch: Path) -> tup
     return split, whole, weights
 
 
+def rank_part(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's half of a dense model's weight, cut as a trainer sharded like the engine holds it."""
+    if any(part in name for part in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")):
+        return tensor.chunk(2, dim=0)[dist.get_rank()]
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return tensor.chunk(2, dim=1)[dist.get_rank()]
+    return tensor
+
+
 def main(scratch: str) -> None:
     dist.init_process_group("gloo")
     for what, (arch, overrides) in MODELS.items():
@@ -80,6 +89,11 @@ def main(scratch: str) -> None:
         whole.load_weights(changed.items())
         split.load_weights(changed.items())
         compare(outputs(split), outputs(whole), f"{what} after update_weights")
+        if what == "qwen2":  # every weight sent as each rank's own part
+            changed = {name: tensor * 0.9 for name, tensor in weights.items()}
+            whole.load_weights(changed.items())
+            split.load_weights((name, rank_part(name, tensor)) for name, tensor in changed.items())
+            compare(outputs(split), outputs(whole), f"{what} after update_weights with each rank's part")
     if dist.get_rank() == 0:
         (Path(scratch) / "done").write_text("ok")
     dist.destroy_process_group()
