@@ -1,7 +1,8 @@
 """Two gloo ranks: ember's generation engine split over both (tensor parallel 2) against the whole engine
 on each rank, on tiny fp32 models (dense, one key-value head shared by both ranks, tied embeddings over an
 odd vocabulary (each rank holds half the rows, one padded), Qwen2-MoE with its shared expert, Qwen3-MoE): greedy tokens, sampled tokens (T=0.7, top-p 0.9) and every token's log-prob
-must agree; an update of the weights reaches both halves, sent whole or as each rank's part. The MoE models' split engines load from a
+must agree; an update of the weights reaches both halves, sent whole or as each rank's part; NLA's injected
+vectors and AQN's noised weights give the same tokens too. The MoE models' split engines load from a
 saved directory (one tensor per expert), their whole engines from the fused parameters. Arguments: a
 scratch folder; rank 0 writes "ok" to its `done` file."""
 
@@ -15,7 +16,8 @@ import torch.distributed as dist  # noqa: E402
 
 from ember.inference import LLMEngine  # noqa: E402
 from ember.inference.models.weights import read_safetensors  # noqa: E402
-from ember.rollout.base import SamplingParams  # noqa: E402
+from ember.rollout.base import Injection, SamplingParams  # noqa: E402
+from ember.workers.noise_injection import NoiseInjection  # noqa: E402
 from test_inference_engine import PROMPTS, engine_config, tiny_model  # noqa: E402
 from test_inference_moe import MOE_OVERRIDES  # noqa: E402
 
@@ -79,6 +81,32 @@ def rank_part(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def injected_outputs(engine: LLMEngine, hidden_size: int) -> list[list[int]]:
+    """NLA: sampled tokens with vectors written over (or added to) some prompt tokens' embeddings."""
+    vectors = torch.randn(len(PROMPTS), hidden_size, generator=torch.Generator().manual_seed(5))
+    injections = [Injection(position=len(prompt) // 2, vector=vector, mode=("replace", "add")[index % 2])
+                  if index != 2 else None for index, (prompt, vector) in enumerate(zip(PROMPTS, vectors))]
+    sequences = engine.generate(PROMPTS, SAMPLINGS["sampled"], injections)
+    return [sequence.generated_token_ids for sequence in sequences]
+
+
+def check_injection_and_noise(split: LLMEngine, whole: LLMEngine, weights: dict) -> None:
+    """NLA's injected vectors and AQN's noised weights (each rank noises the whole tensors, then keeps its
+    part, as PolicyRollout does) give the split engine the whole engine's tokens."""
+    hidden = whole.model.config.hidden_size
+    injected = injected_outputs(split, hidden)
+    assert injected == injected_outputs(whole, hidden)
+    assert injected != [sequence.generated_token_ids for sequence in whole.generate(PROMPTS, SAMPLINGS["sampled"])]
+    clean = outputs(whole)
+    noise = NoiseInjection(weights={name: tensor.numel() for name, tensor in weights.items() if "proj" in name},
+                           total_steps=4, sigma_start=0.05, sigma_end=0.01, num_stages=2, seed=7)
+    whole.load_weights(noise.apply(list(weights.items()), step=3))
+    split.load_weights(noise.apply(list(weights.items()), step=3))
+    noisy = outputs(split)
+    compare(noisy, outputs(whole), "noised weights")
+    assert [tokens for tokens, _ in noisy["sampled"]] != [tokens for tokens, _ in clean["sampled"]]
+
+
 def main(scratch: str) -> None:
     dist.init_process_group("gloo")
     for what, (arch, overrides) in MODELS.items():
@@ -94,6 +122,7 @@ def main(scratch: str) -> None:
             whole.load_weights(changed.items())
             split.load_weights((name, rank_part(name, tensor)) for name, tensor in changed.items())
             compare(outputs(split), outputs(whole), f"{what} after update_weights with each rank's part")
+            check_injection_and_noise(split, whole, changed)
     if dist.get_rank() == 0:
         (Path(scratch) / "done").write_text("ok")
     dist.destroy_process_group()
