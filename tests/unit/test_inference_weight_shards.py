@@ -1,14 +1,19 @@
 """Which part of each weight a rank of ember's tensor-parallel engine keeps (`models/weight_shards.py`): the
 blocks of column- and row-parallel layers, a key-value head shared by several ranks, the fused expert
 gate/up halves, padded vocabulary rows, row-parallel biases counted once; a weight already cut to this
-rank's part is taken as it is, and one of another split is refused naming it."""
+rank's part is taken as it is, and one of another split is refused naming it; the sizes each rank builds,
+and models the ranks cannot split refused naming the key."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from ember.errors import UserError
+from ember.inference.models.decoder import DecoderForCausalLM
 from ember.inference.models.weight_shards import WeightShards, padded_vocab_size
+from ember.inference.tensor_parallel import TensorParallel
+from ember.models.tiny import tiny_model_config
 
 
 def numbered(*shape: int) -> torch.Tensor:
@@ -77,3 +82,26 @@ def test_a_weight_of_another_split_is_refused_naming_it():
         shards.own_part("model.layers.0.mlp.gate_proj.weight", numbered(2, 3), torch.Size((3, 3)))
     with pytest.raises(ValueError, match="lm_head.weight' has 6 rows"):
         shards.own_part("lm_head.weight", numbered(6, 3), torch.Size((4, 3)))
+
+
+@pytest.mark.parametrize(("arch", "overrides", "message"), [
+    ("qwen2_moe", dict(moe_intermediate_size=42), "does not divide the model's 42 expert MLP width"),
+    ("qwen2_moe", dict(shared_expert_intermediate_size=66), "66 shared expert width"),
+    ("llama", dict(num_attention_heads=8, num_key_value_heads=3), "3 key-value heads can neither be split"),
+])
+def test_a_model_the_ranks_cannot_split_is_refused_naming_the_key(arch, overrides, message):
+    config = tiny_model_config(arch, vocab_size=16, **overrides)
+    with torch.device("meta"), pytest.raises(UserError, match=message) as refused:
+        DecoderForCausalLM(config, max_positions=8, tensor_parallel=TensorParallel(size=4))
+    assert "actor_rollout_ref.rollout.tensor_model_parallel_size=4" in str(refused.value)
+
+
+def test_four_ranks_split_a_moe_model_and_share_its_two_key_value_heads():
+    config = tiny_model_config("qwen2_moe", vocab_size=10, num_experts=2, moe_intermediate_size=32,
+                               shared_expert_intermediate_size=64)
+    with torch.device("meta"):
+        model = DecoderForCausalLM(config, max_positions=8, tensor_parallel=TensorParallel(size=4, rank=3))
+    layer = model.model.layers[0]
+    assert model.num_kv_heads == 1 and layer.self_attn.num_heads == 1
+    assert layer.mlp.experts.gate_up_proj.shape == (2, 16, 64) and layer.mlp.shared_expert.up_proj.out_features == 16
+    assert model.lm_head.weight.shape == (3, 64) and model.model.embed_tokens.first_row == 9

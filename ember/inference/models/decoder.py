@@ -210,7 +210,8 @@ class DecoderForCausalLM(nn.Module):
         self.config = config
         self.spec = DecoderSpec.from_hf_config(config)
         self.tensor_parallel = tensor_parallel
-        tensor_parallel.check_divides(config.num_attention_heads, config.num_key_value_heads, split_widths(config, self.spec))
+        tensor_parallel.check_divides(config.num_attention_heads, config.num_key_value_heads,
+                                      split_widths(config, self.spec))
         self.weight_shards = WeightShards(tensor_parallel.size, tensor_parallel.rank, config.num_key_value_heads,
                                           config.vocab_size)
         """How this rank cuts whole weights as they load (`weight_shards.py`)."""

@@ -51,7 +51,7 @@ def build_model(
 
 
 def load_weights(
-    model: nn.Module, named_tensors: Iterable[tuple[str, Tensor]], require_all: bool, share: bool = False
+    model: DecoderForCausalLM, named_tensors: Iterable[tuple[str, Tensor]], require_all: bool, share: bool = False
 ) -> bool:
     """Fill the model's parameters by name; `require_all` checks none was left out. Returns whether
     any parameter now lives in different memory (captured CUDA graphs must then be dropped).
@@ -92,13 +92,12 @@ def load_weights(
     return moved
 
 
-def own_part(model: nn.Module, name: str, tensor: Tensor, targets: dict[str, Tensor]) -> Tensor:
+def own_part(model: DecoderForCausalLM, name: str, tensor: Tensor, targets: dict[str, Tensor]) -> Tensor:
     """This rank's part of `tensor` (whole, or this rank's part already) under tensor parallelism
     (`weight_shards.py`); a name the model lacks passes as it is, for the copy to refuse by name."""
-    shards = getattr(model, "weight_shards", None)
-    if shards is None or name not in targets:
+    if name not in targets:
         return tensor
-    return shards.own_part(name, tensor, targets[name].shape)
+    return model.weight_shards.own_part(name, tensor, targets[name].shape)
 
 
 def per_expert_slices(model: nn.Module) -> dict[str, dict[str, Tensor]]:
