@@ -66,7 +66,7 @@ class LLMEngine:
         self.tensor_parallel = replica_group(config.tensor_parallel_size)
         self.model = build_model(hf_config, config.max_model_len + config.decode_window, config.dtype, self.device, fuse,
                                  self.tensor_parallel)
-        load_weights(self.model, self._own_parts(named_tensors), require_all=True)
+        load_weights(self.model, named_tensors, require_all=True)
         max_blocks_per_sequence = config.blocks_for(config.max_model_len + config.decode_window)
         # every rank of a split replica schedules alike, so all hold as many blocks as the fullest can
         self.num_kv_blocks = self.tensor_parallel.agree_on_minimum(
@@ -97,12 +97,6 @@ class LLMEngine:
             trash_block=self.num_kv_blocks,
             use_cuda_graphs=config.use_cuda_graphs and self._graph_safe(),
         )
-
-    def _own_parts(self, named_tensors: Iterable[tuple[str, Tensor]]) -> Iterable[tuple[str, Tensor]]:
-        """Whole weights as this rank holds them (its shard under tensor parallelism)."""
-        if self.tensor_parallel.size == 1:
-            return named_tensors
-        return ((name, self.tensor_parallel.shard(name, tensor)) for name, tensor in named_tensors)
 
     def _graph_safe(self) -> bool:
         """Whether a decode step can be captured: attention must run in the Triton kernel (the gathered
@@ -255,9 +249,11 @@ class LLMEngine:
         return sequences
 
     def load_weights(self, named_tensors: Iterable[tuple[str, Tensor]], share: bool = False) -> None:
-        """New weights (checkpoint names, full tensors; any subset) copied into the model in place, or,
-        with `share`, taken as the model's own storage where shape, dtype and device match (no copy)."""
-        if load_weights(self.model, self._own_parts(named_tensors), require_all=False, share=share):
+        """New weights (checkpoint names; any subset) copied into the model in place, or, with `share`,
+        taken as the model's own storage where shape, dtype and device match (no copy). Under tensor
+        parallelism each tensor may be whole or already this rank's part; each rank keeps its part
+        (`models/weight_shards.py`), so a whole model never needs to be sent at once: send it in buckets."""
+        if load_weights(self.model, named_tensors, require_all=False, share=share):
             self.decoder.drop_graphs()  # captured graphs read the old weights' memory
 
     def free_kv_cache(self) -> None:

@@ -1,13 +1,15 @@
 """Tensor parallelism inside ember's generation engine: one model replica split over a group of ranks.
 
 Attention is split by heads (each rank its share of the query and key-value heads, and of the KV
-cache), the dense MLP by its intermediate width (gate and up by rows, down by columns); each block's
-output projection leaves a partial sum that one all-reduce completes, so every rank of the group
-ends each block with the same hidden states. Embedding, norms and the LM head stay whole on every
-rank: every rank computes the same logits and draws the same tokens with the batch-invariant
-sampler, so the ranks' schedulers take the same decisions and need no messages besides the
-all-reduces (and one agreement on the KV-cache size). The weights arrive whole, under their HF
-names (the training engine's sync or a checkpoint), and `shard` cuts each rank's part.
+cache; with fewer key-value heads than ranks, each key-value head is held by the ranks whose query
+heads read it), every SwiGLU MLP (dense, each routed expert, the shared expert) by its intermediate
+width (gate and up by rows, down by columns), and the embedding and LM head by vocabulary rows. Each
+block's output projection leaves a partial sum that one all-reduce completes, so every rank of the
+group ends each block with the same hidden states; the embedding is a masked lookup completed by an
+all-reduce, and the LM head's logits are all-gathered over the vocabulary, so every rank samples the
+same tokens from the same whole logits with the batch-invariant sampler. The ranks' schedulers then
+take the same decisions and need no messages besides these collectives (and one agreement on the
+KV-cache size). Which part of each weight a rank holds is `models/weight_shards.py`.
 
 A group is `size` consecutive ranks of the current process group; `replica_group` makes every
 replica's group (a collective call: every rank of the pool calls it, in the same order).
@@ -23,12 +25,7 @@ from torch import Tensor
 
 from ember.errors import UserError
 
-_BY_ROWS = (".self_attn.q_proj.", ".self_attn.k_proj.", ".self_attn.v_proj.", ".mlp.gate_proj.", ".mlp.up_proj.")
-"""Weights and biases whose output features are split (column-parallel layers)."""
-_BY_COLUMNS = (".self_attn.o_proj.weight", ".mlp.down_proj.weight")
-"""Weights whose input features are split (row-parallel layers: a partial sum each)."""
-_ONCE = (".self_attn.o_proj.bias", ".mlp.down_proj.bias")
-"""Biases of row-parallel layers: added by the group's first rank only, so the all-reduce counts them once."""
+SIZE_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 
 
 @dataclass(frozen=True)
@@ -45,6 +42,14 @@ class TensorParallel:
             dist.all_reduce(tensor, group=self.group)
         return tensor
 
+    def all_gather_last_dim(self, tensor: Tensor) -> Tensor:
+        """Every rank's `tensor` side by side along the last dimension, in rank order (`tensor` at size 1)."""
+        if self.size == 1:
+            return tensor
+        parts = [torch.empty_like(tensor) for _ in range(self.size)]
+        dist.all_gather(parts, tensor.contiguous(), group=self.group)
+        return torch.cat(parts, dim=-1)
+
     def agree_on_minimum(self, value: int, device: torch.device) -> int:
         """The smallest `value` any rank of the group has (the KV-cache blocks every rank can hold)."""
         if self.size == 1:
@@ -53,27 +58,24 @@ class TensorParallel:
         dist.all_reduce(held, op=dist.ReduceOp.MIN, group=self.group)
         return int(held.item())
 
-    def shard(self, name: str, tensor: Tensor) -> Tensor:
-        """This rank's part of the whole weight `name` (the whole tensor where nothing is split)."""
+    def check_divides(self, heads: int, kv_heads: int, widths: dict[str, int]) -> None:
+        """Refuse a model this many ranks cannot split evenly, naming the key to change. `widths`: each
+        split MLP width by what it is ("MLP width", "expert MLP width", ...)."""
         if self.size == 1:
-            return tensor
-        if any(part in name for part in _BY_ROWS):
-            return tensor.chunk(self.size, dim=0)[self.rank]
-        if name.endswith(_BY_COLUMNS):
-            return tensor.chunk(self.size, dim=1)[self.rank]
-        if name.endswith(_ONCE):
-            return tensor if self.rank == 0 else torch.zeros_like(tensor)
-        return tensor
-
-    def check_divides(self, heads: int, kv_heads: int, intermediate: int, sparse: bool) -> None:
-        """Refuse a model this many ranks cannot split evenly, naming the key to change."""
-        key = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-        if sparse:
-            raise UserError(f"{key}={self.size}: ember's engine splits dense models only (not mixture-of-experts "
-                            "layers yet); use 1 for this model")
-        for count, what in ((heads, "attention heads"), (kv_heads, "key-value heads"), (intermediate, "MLP width")):
+            return
+        counts = {"attention heads": heads, **widths}
+        for what, count in counts.items():
             if count % self.size:
-                raise UserError(f"{key}={self.size} does not divide the model's {count} {what}; choose a size that does")
+                raise UserError(f"{SIZE_KEY}={self.size} does not divide the model's {count} {what}; "
+                                "choose a size that does")
+        if kv_heads % self.size and self.size % kv_heads:
+            raise UserError(f"{SIZE_KEY}={self.size}: the model's {kv_heads} key-value heads can neither be split "
+                            "over the ranks nor each held by a whole number of them; choose a size that divides "
+                            "or is a multiple of it")
+
+    def local_kv_heads(self, kv_heads: int) -> int:
+        """Key-value heads one rank holds: its share, or one head shared with other ranks when there are fewer."""
+        return max(kv_heads // self.size, 1)
 
 
 def replica_group(size: int) -> TensorParallel:
@@ -83,8 +85,7 @@ def replica_group(size: int) -> TensorParallel:
         return TensorParallel()
     world, rank = dist.get_world_size(), dist.get_rank()
     if world % size:
-        raise UserError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={size} does not divide the {world} "
-                        "ranks that generate; choose a size that does")
+        raise UserError(f"{SIZE_KEY}={size} does not divide the {world} ranks that generate; choose a size that does")
     own = None
     for first in range(0, world, size):
         group = dist.new_group(list(range(first, first + size)))

@@ -51,8 +51,8 @@ class EmberRollout(RolloutEngine):
         ]
 
     def update_weights(self, named_tensors: Iterable[tuple[str, Tensor]]) -> None:
-        """Take trained tensors (model's own names, full tensors): copied in place, or shared after
-        `share_training_weights` where layouts match."""
+        """Take trained tensors (model's own names; whole, or under tensor parallelism this rank's part):
+        copied in place, or shared after `share_training_weights` where layouts match."""
         self.engine.load_weights(named_tensors, share=self.share_weights)
 
     def share_training_weights(self) -> None:

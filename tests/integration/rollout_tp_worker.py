@@ -1,7 +1,10 @@
 """Two gloo ranks: ember's generation engine split over both (tensor parallel 2) against the whole engine
-on each rank, on tiny fp32 models: greedy tokens, sampled tokens (T=0.7, top-p 0.9) and every token's
-log-prob must agree; an update of the weights reaches both halves; a model the ranks cannot split
-(MoE) is refused by name. Arguments: the output file (rank 0 writes the results there)."""
+on each rank, on tiny fp32 models (dense, one key-value head shared by both ranks, tied embeddings over an
+odd vocabulary (each rank holds half the rows, one padded), Qwen2-MoE with its shared expert, Qwen3-MoE): greedy tokens, sampled tokens (T=0.7, top-p 0.9) and every token's log-prob
+must agree; an update of the weights reaches both halves, sent whole or as each rank's part; NLA's injected
+vectors and AQN's noised weights give the same tokens too. The MoE models' split engines load from a
+saved directory (one tensor per expert), their whole engines from the fused parameters. Arguments: a
+scratch folder; rank 0 writes "ok" to its `done` file."""
 
 import sys
 from pathlib import Path
@@ -11,13 +14,24 @@ sys.path[:0] = [str(Path(__file__).parent), str(Path(__file__).parents[1])]
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-from ember.errors import UserError  # noqa: E402
 from ember.inference import LLMEngine  # noqa: E402
-from ember.rollout.base import SamplingParams  # noqa: E402
+from ember.inference.models.weights import read_safetensors  # noqa: E402
+from ember.rollout.base import Injection, SamplingParams  # noqa: E402
+from ember.workers.noise_injection import NoiseInjection  # noqa: E402
 from test_inference_engine import PROMPTS, engine_config, tiny_model  # noqa: E402
+from test_inference_moe import MOE_OVERRIDES  # noqa: E402
 
 SAMPLINGS = {"greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=12, seed=3),
              "sampled": SamplingParams(n=3, temperature=0.7, top_p=0.9, max_new_tokens=12, seed=3)}
+MODELS = {
+    "qwen2": ("qwen2", {}),
+    "llama": ("llama", {}),
+    "qwen3": ("qwen3", {}),
+    "llama, one key-value head": ("llama", dict(num_key_value_heads=1)),
+    "qwen2, tied embeddings, odd vocabulary": ("qwen2", dict(tie_word_embeddings=True, vocab_size=127)),
+    "qwen2_moe": ("qwen2_moe", MOE_OVERRIDES["qwen2_moe"]),
+    "qwen3_moe": ("qwen3_moe", MOE_OVERRIDES["qwen3_moe"]),
+}
 
 
 def outputs(engine: LLMEngine) -> dict:
@@ -35,27 +49,82 @@ def compare(split: dict, whole: dict, what: str) -> None:
             torch.testing.assert_close(log_probs, expected_log_probs, atol=1e-5, rtol=0, msg=f"{what} {name} {index}")
 
 
-def main(out_file: str) -> None:
+def split_and_whole(what: str, arch: str, overrides: dict, scratch: Path) -> tuple[LLMEngine, LLMEngine, dict]:
+    """The engine split over both ranks and the whole one, and the model's weights by name."""
+    model = tiny_model(arch, num_attention_heads=4, **dict(dict(num_key_value_heads=2), **overrides))
+    weights = dict(model.state_dict())
+    whole = LLMEngine(model.config, weights.items(), engine_config(max_num_seqs=4))
+    split_source = weights.items()
+    if "moe" in arch:  # one tensor per expert, as a saved checkpoint names them
+        folder = scratch / arch
+        if dist.get_rank() == 0:
+            model.save_pretrained(folder)
+        dist.barrier()
+        split_source = read_safetensors(folder)
+        assert any(".experts.0.gate_proj." in name for name, _ in read_safetensors(folder))
+    split = LLMEngine(model.config, split_source, engine_config(max_num_seqs=4, tensor_parallel_size=2))
+    kv_heads = model.config.num_key_value_heads
+    assert split.model.num_kv_heads == max(kv_heads // 2, 1) and split.kv_cache.block_shape[2] == split.model.num_kv_heads
+    vocab = model.config.vocab_size  # each rank holds half the vocabulary's rows (padded to an even count)
+    assert split.model.model.embed_tokens.weight.shape[0] == split.model.lm_head.weight.shape[0] == (vocab + 1) // 2
+    assert (split.model.lm_head.weight is split.model.model.embed_tokens.weight) == model.config.tie_word_embeddings
+    assert split.model.logits(torch.zeros(2, model.config.hidden_size)).shape == (2, vocab)  # padding never sampled
+    return split, whole, weights
+
+
+def rank_part(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """This rank's half of a dense model's weight, cut as a trainer sharded like the engine holds it."""
+    if any(part in name for part in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj", "embed_tokens", "lm_head")):
+        return tensor.chunk(2, dim=0)[dist.get_rank()]
+    if name.endswith(("o_proj.weight", "down_proj.weight")):
+        return tensor.chunk(2, dim=1)[dist.get_rank()]
+    return tensor
+
+
+def injected_outputs(engine: LLMEngine, hidden_size: int) -> list[list[int]]:
+    """NLA: sampled tokens with vectors written over (or added to) some prompt tokens' embeddings."""
+    vectors = torch.randn(len(PROMPTS), hidden_size, generator=torch.Generator().manual_seed(5))
+    injections = [Injection(position=len(prompt) // 2, vector=vector, mode=("replace", "add")[index % 2])
+                  if index != 2 else None for index, (prompt, vector) in enumerate(zip(PROMPTS, vectors))]
+    sequences = engine.generate(PROMPTS, SAMPLINGS["sampled"], injections)
+    return [sequence.generated_token_ids for sequence in sequences]
+
+
+def check_injection_and_noise(split: LLMEngine, whole: LLMEngine, weights: dict) -> None:
+    """NLA's injected vectors and AQN's noised weights (each rank noises the whole tensors, then keeps its
+    part, as PolicyRollout does) give the split engine the whole engine's tokens."""
+    hidden = whole.model.config.hidden_size
+    injected = injected_outputs(split, hidden)
+    assert injected == injected_outputs(whole, hidden)
+    assert injected != [sequence.generated_token_ids for sequence in whole.generate(PROMPTS, SAMPLINGS["sampled"])]
+    clean = outputs(whole)
+    noise = NoiseInjection(weights={name: tensor.numel() for name, tensor in weights.items() if "proj" in name},
+                           total_steps=4, sigma_start=0.05, sigma_end=0.01, num_stages=2, seed=7)
+    whole.load_weights(noise.apply(list(weights.items()), step=3))
+    split.load_weights(noise.apply(list(weights.items()), step=3))
+    noisy = outputs(split)
+    compare(noisy, outputs(whole), "noised weights")
+    assert [tokens for tokens, _ in noisy["sampled"]] != [tokens for tokens, _ in clean["sampled"]]
+
+
+def main(scratch: str) -> None:
     dist.init_process_group("gloo")
-    for arch in ("qwen2", "llama", "qwen3"):
-        model = tiny_model(arch, num_attention_heads=4, num_key_value_heads=2)
-        weights = dict(model.state_dict())
-        whole = LLMEngine(model.config, weights.items(), engine_config(max_num_seqs=4))
-        split = LLMEngine(model.config, weights.items(), engine_config(max_num_seqs=4, tensor_parallel_size=2))
-        assert split.model.num_kv_heads == 1 and split.kv_cache.block_shape[2] == 1
-        compare(outputs(split), outputs(whole), arch)
-        changed = {name: tensor * 1.5 for name, tensor in weights.items() if "mlp" in name or "o_proj" in name}
+    for what, (arch, overrides) in MODELS.items():
+        split, whole, weights = split_and_whole(what, arch, overrides, Path(scratch))
+        compare(outputs(split), outputs(whole), what)
+        changed = {name: tensor * 1.5 for name, tensor in weights.items()
+                   if any(part in name for part in ("mlp", "o_proj", "embed_tokens", "lm_head"))}
         whole.load_weights(changed.items())
         split.load_weights(changed.items())
-        compare(outputs(split), outputs(whole), f"{arch} after update_weights")
-    moe = tiny_model("qwen2_moe")
-    try:
-        LLMEngine(moe.config, moe.state_dict().items(), engine_config(tensor_parallel_size=2))
-        raise AssertionError("a MoE model was split")
-    except UserError as error:
-        assert "mixture-of-experts" in str(error), error
+        compare(outputs(split), outputs(whole), f"{what} after update_weights")
+        if what == "qwen2":  # every weight sent as each rank's own part
+            changed = {name: tensor * 0.9 for name, tensor in weights.items()}
+            whole.load_weights(changed.items())
+            split.load_weights((name, rank_part(name, tensor)) for name, tensor in changed.items())
+            compare(outputs(split), outputs(whole), f"{what} after update_weights with each rank's part")
+            check_injection_and_noise(split, whole, changed)
     if dist.get_rank() == 0:
-        Path(out_file).write_text("ok")
+        (Path(scratch) / "done").write_text("ok")
     dist.destroy_process_group()
 
 

@@ -24,10 +24,10 @@ PROMPTS = [[5, 9, 13], [7, 3, 22, 40, 41, 90, 2], [100], [64, 65, 1, 2, 3, 4, 5,
 DENSE_ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 
 
-def tiny_model(arch: str = "llama", seed: int = 0, **overrides) -> PreTrainedModel:
+def tiny_model(arch: str = "llama", seed: int = 0, vocab_size: int = VOCAB, **overrides) -> PreTrainedModel:
     """A tiny random fp32 HF model; a wide init spreads the logits, so argmax has no near-ties."""
     torch.manual_seed(seed)
-    config = tiny_model_config(arch, vocab_size=VOCAB, initializer_range=0.1, **overrides)
+    config = tiny_model_config(arch, vocab_size=vocab_size, initializer_range=0.1, **overrides)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 

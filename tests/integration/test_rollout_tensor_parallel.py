@@ -1,6 +1,6 @@
 """Rollout tensor parallelism (`actor_rollout_ref.rollout.tensor_model_parallel_size`): ember's generation
 engine split over two gloo ranks against the whole engine (tokens and log-probs, greedy and sampled, after a
-weight update; MoE refused), and a GRPO run whose rollout spans both ranks against one whose ranks each
+weight update; dense and MoE models), and a GRPO run whose rollout spans both ranks against one whose ranks each
 generate their own share: the same samples, so every metric of both steps."""
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ pytestmark = pytest.mark.slow
 
 
 def test_the_engine_split_over_two_ranks_generates_what_the_whole_engine_does(tmp_path):
-    done = tmp_path / "done"
-    run_two_ranks(os.path.join(os.path.dirname(__file__), "rollout_tp_worker.py"), str(done), timeout=300)
-    assert done.read_text() == "ok"
+    run_two_ranks(os.path.join(os.path.dirname(__file__), "rollout_tp_worker.py"), str(tmp_path), timeout=300)
+    assert (tmp_path / "done").read_text() == "ok"
 
 
 def test_grpo_with_the_rollout_split_over_two_ranks_equals_one_engine_per_rank(inputs, tmp_path, local_ray):

@@ -52,8 +52,8 @@ class RolloutConfig:
     enforce_eager: bool = field_(False, "run decode steps eagerly; false = replay them as captured CUDA graphs (GPU)")
     free_cache_engine: bool = field_(True, "release the KV cache between rollouts so training can use the memory")
     tensor_model_parallel_size: int = field_(
-        1, "GPUs one engine instance spans (tensor parallel: heads, KV cache and MLP split, embedding and LM head "
-           "whole on each; dense models; each instance generates its share of the prompts)")
+        1, "GPUs one engine instance spans (tensor parallel: heads, KV cache, MLP and expert widths, embedding and "
+           "LM head by vocabulary split; each instance generates its share of the prompts)")
     data_parallel_size: int = field_(
         1, "verl: data-parallel ranks inside one vLLM/SGLang engine (data-parallel attention for MoE); ember's "
            "engine runs one instance per tensor_model_parallel_size GPUs of the actor's pool, each generating its "

@@ -27,6 +27,8 @@ from ember.inference.attention import AttentionInputs, paged_attention
 from ember.inference.models.layers import MLP, RMSNorm, fuse_linears
 from ember.inference.models.moe import SparseMoeBlock
 from ember.inference.models.rope import RotaryEmbedding
+from ember.inference.models.vocab_parallel import VocabParallelEmbedding, VocabParallelHead
+from ember.inference.models.weight_shards import WeightShards
 from ember.inference.tensor_parallel import TensorParallel
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -95,7 +97,7 @@ class Attention(nn.Module):
                  tensor_parallel: TensorParallel) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads // tensor_parallel.size  # this rank's heads
-        self.num_kv_heads = config.num_key_value_heads // tensor_parallel.size
+        self.num_kv_heads = tensor_parallel.local_kv_heads(config.num_key_value_heads)
         self.head_dim = head_dim_of(config)
         self.sliding_window = spec.sliding_windows[layer_index]
         self.rotary = rotary
@@ -149,7 +151,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(config, spec, layer_index, rotary, tensor_parallel)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         if spec.sparse_layers[layer_index]:
-            self.mlp = SparseMoeBlock(config, spec.shared_expert)
+            self.mlp = SparseMoeBlock(config, spec.shared_expert, tensor_parallel.size)
         else:
             self.mlp = MLP(config.hidden_size, config.intermediate_size // tensor_parallel.size, spec.mlp_bias)
 
@@ -174,7 +176,7 @@ class DecoderBody(nn.Module):
                  tensor_parallel: TensorParallel) -> None:
         super().__init__()
         rotary = RotaryEmbedding(head_dim_of(config), max_positions, config.rope_parameters)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tensor_parallel)
         self.layers = nn.ModuleList(DecoderLayer(config, spec, index, rotary, tensor_parallel)
                                     for index in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -208,11 +210,13 @@ class DecoderForCausalLM(nn.Module):
         self.config = config
         self.spec = DecoderSpec.from_hf_config(config)
         self.tensor_parallel = tensor_parallel
-        if tensor_parallel.size > 1:
-            tensor_parallel.check_divides(config.num_attention_heads, config.num_key_value_heads,
-                                          config.intermediate_size, any(self.spec.sparse_layers))
+        tensor_parallel.check_divides(config.num_attention_heads, config.num_key_value_heads,
+                                      split_widths(config, self.spec))
+        self.weight_shards = WeightShards(tensor_parallel.size, tensor_parallel.rank, config.num_key_value_heads,
+                                          config.vocab_size)
+        """How this rank cuts whole weights as they load (`weight_shards.py`)."""
         self.model = DecoderBody(config, self.spec, max_positions, tensor_parallel)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = VocabParallelHead(config.hidden_size, config.vocab_size, tensor_parallel)
         self.tie_weights()
         self.fused_parameters: frozenset[str] = frozenset()
         """Parameters that are views of a fused weight (`fuse_projections`): filled in place, never rebound."""
@@ -233,7 +237,7 @@ class DecoderForCausalLM(nn.Module):
     @property
     def num_kv_heads(self) -> int:
         """Key-value heads this rank holds (and caches)."""
-        return self.config.num_key_value_heads // self.tensor_parallel.size
+        return self.tensor_parallel.local_kv_heads(self.config.num_key_value_heads)
 
     @property
     def head_dim(self) -> int:
@@ -244,7 +248,8 @@ class DecoderForCausalLM(nn.Module):
         injected: EmbeddingEdits | None = None,
     ) -> Tensor:
         """Final hidden states (tokens, hidden) of the step's flat tokens; writes their keys and values to the cache.
-        `injected` rewrites some tokens' embedding outputs first (NLA, prefill only)."""
+        `injected` rewrites some tokens' embedding outputs first (NLA, prefill only; under tensor parallelism
+        after the embedding's all-reduce, so every rank writes the vector over the whole embedding)."""
         states, residual = self.model.embed_tokens(token_ids), None
         if injected is not None:
             states = injected.apply(states)
@@ -253,8 +258,22 @@ class DecoderForCausalLM(nn.Module):
         return self.model.norm.add_and_norm(states, residual)[0]
 
     def logits(self, hidden_states: Tensor) -> Tensor:
-        """Next-token logits (rows, vocab) in the model's dtype (sampling reads them in float32)."""
+        """Next-token logits (rows, vocab) in the model's dtype (sampling reads them in float32); under tensor
+        parallelism gathered from every rank's vocabulary rows, the same whole logits on every rank."""
         return self.lm_head(hidden_states)
+
+
+def split_widths(config: PretrainedConfig, spec: DecoderSpec) -> dict[str, int]:
+    """The MLP widths tensor parallelism splits, by what they are: the dense MLP's where a layer is dense,
+    each expert's and the shared expert's where one is sparse."""
+    widths = {}
+    if not all(spec.sparse_layers):
+        widths["MLP width (intermediate_size)"] = config.intermediate_size
+    if any(spec.sparse_layers):
+        widths["expert MLP width (moe_intermediate_size)"] = config.moe_intermediate_size
+        if spec.shared_expert:
+            widths["shared expert width (shared_expert_intermediate_size)"] = config.shared_expert_intermediate_size
+    return widths
 
 
 def head_dim_of(config: PretrainedConfig) -> int:

@@ -20,6 +20,11 @@ Weights keep the fused layout of transformers 5 models, so the training engine's
 hidden) with the gate rows first, `experts.down_proj` (experts, hidden, intermediate).
 Saved checkpoints name each expert's matrices (`experts.3.gate_proj.weight`);
 `Experts.per_expert_views` maps those names onto slices of the fused tensors.
+
+Under tensor parallelism every expert (and the shared expert) holds its share of the intermediate
+width, as a dense MLP does; the router and the shared expert's gate stay whole, so every rank
+routes alike, and the block's output is a partial sum that the decoder layer's one all-reduce
+completes.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ class Experts(nn.Module):
     """The routed experts' SwiGLU weights, fused into 3-D tensors; runs each token through its chosen experts."""
 
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+        """intermediate_size: each expert's width on this rank (its share under tensor parallelism)."""
         super().__init__()
         if not hasattr(F, "grouped_mm"):
             raise NotImplementedError(
@@ -69,8 +75,9 @@ class Experts(nn.Module):
         if hidden_size % _GROUPED_MM_ALIGNMENT or intermediate_size % _GROUPED_MM_ALIGNMENT:
             raise NotImplementedError(
                 f"ember's engine runs MoE experts with grouped matmuls, which need hidden_size ({hidden_size}) and "
-                f"moe_intermediate_size ({intermediate_size}) to be multiples of {_GROUPED_MM_ALIGNMENT}; "
-                f"use actor_rollout_ref.rollout.name=hf for this model"
+                f"each rank's share of moe_intermediate_size ({intermediate_size}) to be multiples of "
+                f"{_GROUPED_MM_ALIGNMENT}; use a smaller actor_rollout_ref.rollout.tensor_model_parallel_size or "
+                f"actor_rollout_ref.rollout.name=hf for this model"
             )
         self.num_experts = num_experts
         self.intermediate_size = intermediate_size
@@ -104,17 +111,18 @@ class Experts(nn.Module):
 class SparseMoeBlock(nn.Module):
     """The MLP of a sparse layer: routed experts, plus the gated shared expert where the model has one."""
 
-    def __init__(self, config: PretrainedConfig, shared_expert: bool) -> None:
-        """shared_expert: add the gated shared expert (Qwen2-MoE)."""
+    def __init__(self, config: PretrainedConfig, shared_expert: bool, tensor_parallel_size: int = 1) -> None:
+        """shared_expert: add the gated shared expert (Qwen2-MoE); tensor_parallel_size: ranks the experts'
+        widths are split over (this block's output is then this rank's partial sum)."""
         super().__init__()
         hidden = config.hidden_size
         self.top_k = config.num_experts_per_tok
         self.renormalize = config.norm_topk_prob
         self.gate = nn.Linear(hidden, config.num_experts, bias=False)
-        self.experts = Experts(config.num_experts, hidden, config.moe_intermediate_size)
+        self.experts = Experts(config.num_experts, hidden, config.moe_intermediate_size // tensor_parallel_size)
         self.has_shared_expert = shared_expert
         if shared_expert:
-            self.shared_expert = MLP(hidden, config.shared_expert_intermediate_size, bias=False)
+            self.shared_expert = MLP(hidden, config.shared_expert_intermediate_size // tensor_parallel_size, bias=False)
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def forward(self, states: Tensor) -> Tensor:

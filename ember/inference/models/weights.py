@@ -51,7 +51,7 @@ def build_model(
 
 
 def load_weights(
-    model: nn.Module, named_tensors: Iterable[tuple[str, Tensor]], require_all: bool, share: bool = False
+    model: DecoderForCausalLM, named_tensors: Iterable[tuple[str, Tensor]], require_all: bool, share: bool = False
 ) -> bool:
     """Fill the model's parameters by name; `require_all` checks none was left out. Returns whether
     any parameter now lives in different memory (captured CUDA graphs must then be dropped).
@@ -64,7 +64,10 @@ def load_weights(
     tensor counts as loaded once every expert's slice of it was.
     """
     parameters = dict(model.named_parameters(remove_duplicate=False))
-    wanted = ((name, tensor) for name, tensor in named_tensors if not name.endswith(_IGNORED_SUFFIXES))
+    expert_slices = per_expert_slices(model)
+    targets = parameters | {name: view for slices in expert_slices.values() for name, view in slices.items()}
+    wanted = ((name, own_part(model, name, tensor, targets)) for name, tensor in named_tensors
+              if not name.endswith(_IGNORED_SUFFIXES))
     moved, shared = False, set()
     if share:
         wanted = list(wanted)
@@ -77,8 +80,6 @@ def load_weights(
                 parameter.data = tensor.detach()
                 shared.add(name)
         wanted = [(name, tensor) for name, tensor in wanted if name not in shared]
-    expert_slices = per_expert_slices(model)
-    targets = parameters | {name: view for slices in expert_slices.values() for name, view in slices.items()}
     loaded = shared | copy_named_tensors(targets, wanted, owner=f"ember's {type(model).__name__}")
     if require_all:
         tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
@@ -89,6 +90,14 @@ def load_weights(
         if missing:
             raise ValueError(f"the weights given to the engine lack {len(missing)} parameters, e.g. {missing[:3]}")
     return moved
+
+
+def own_part(model: DecoderForCausalLM, name: str, tensor: Tensor, targets: dict[str, Tensor]) -> Tensor:
+    """This rank's part of `tensor` (whole, or this rank's part already) under tensor parallelism
+    (`weight_shards.py`); a name the model lacks passes as it is, for the copy to refuse by name."""
+    if name not in targets:
+        return tensor
+    return model.weight_shards.own_part(name, tensor, targets[name].shape)
 
 
 def per_expert_slices(model: nn.Module) -> dict[str, dict[str, Tensor]]:
