@@ -23,7 +23,9 @@ The one thing to know: a run is either *shared* (one pool, or every pool asks fo
 GPUs of the run: the roles live in the same processes and take turns, offloading what is
 idle) or *split* (pools whose sizes add up to the run's GPUs, laid out on disjoint GPUs in
 the order written: their roles run concurrently). Any other request is refused with a
-message naming the pools, what they ask for and what the run has. Pure functions of the
+message naming the pools, what they ask for and what the run has. With
+`actor_rollout_ref.hybrid_engine=false` the rollout has a pool of its own besides these, on GPUs after
+the trainer's (verl's top-level `rollout.nnodes`/`rollout.n_gpus_per_node`). Pure functions of the
 configuration; the worker groups (`ember/distributed`) place processes by the `Placement`.
 """
 
@@ -37,6 +39,7 @@ from ember.config.schema import EmberConfig
 from ember.config.schema.resources import ROLES
 
 ACTOR_ROLE = "actor_rollout"
+ROLLOUT_POOL = "rollout"  # with actor_rollout_ref.hybrid_engine=false: the rollout's own GPUs (top-level `rollout`)
 NAMED_POOL_ROLES = {"actor": ACTOR_ROLE, "rollout": ACTOR_ROLE, "critic": "critic"}  # name part -> role (the fork's rule)
 
 
@@ -66,6 +69,12 @@ class Placement:
     def split(self) -> bool:
         """Pools on disjoint GPUs, running concurrently (otherwise every role shares all GPUs)."""
         return len({(pool.first_gpu, pool.gpus_per_node) for pool in self.pools}) > 1
+
+    @property
+    def total_gpus(self) -> int:
+        """GPUs of the run: shared pools counted once."""
+        return sum(pool.size for pool in {(pool.first_gpu, pool.gpus_per_node, pool.nnodes): pool
+                                          for pool in self.pools}.values())
 
     def pool_of(self, role: str) -> Pool:
         name = self.role_pools.get(role, self.pools[0].name)
@@ -223,10 +232,21 @@ def _size_errors(requested: dict[str, list[int] | int], mapping: dict[str, str],
 
 
 def plan_placement(cfg: EmberConfig) -> Placement:
-    """The run's pools: one pool of every GPU without a request, else the requested ones (see the module docstring)."""
+    """The run's pools: one pool of every GPU without a request, else the requested ones (see the module docstring);
+    with `actor_rollout_ref.hybrid_engine=false` a last pool "rollout" of the top-level `rollout` section's GPUs,
+    after the trainer's (verl's one_step_off_policy layout), which only the rollout role uses."""
     errors = placement_errors(cfg)
     if errors:
         raise ConfigError("; ".join(errors))
+    placement = _training_placement(cfg)
+    if cfg.actor_rollout_ref.hybrid_engine:
+        return placement
+    rollout = Pool(ROLLOUT_POOL, cfg.rollout.n_gpus_per_node, cfg.rollout.nnodes, first_gpu=cfg.trainer.n_gpus_per_node)
+    return Placement(pools=(*placement.pools, rollout), role_pools={**placement.role_pools, "rollout": ROLLOUT_POOL})
+
+
+def _training_placement(cfg: EmberConfig) -> Placement:
+    """The pools of the trainer's GPUs (trainer.nnodes × trainer.n_gpus_per_node)."""
     nnodes, per_node = cfg.trainer.nnodes, cfg.trainer.n_gpus_per_node
     requested, mapping, form = requested_pools(cfg)
     if not requested:

@@ -23,6 +23,7 @@ from ember.config.parallel import data_parallel_size, nearest_divisors, world_si
 from ember.config.placement import placement_errors, role_gpus
 from ember.config.rollout_correction import parse_rejection
 from ember.config.schema import EmberConfig, SFTConfig
+from ember.config.schema.async_training import ASYNC_MODES
 from ember.config.schema.megatron import MegatronConfig
 from ember.config.schema.nla_extract import NLAExtractConfig
 from ember.config.schema.nla_sft import NLASFTConfig
@@ -261,6 +262,24 @@ def _rollout_correction_errors(cfg: EmberConfig) -> list[str]:
     return errors
 
 
+def _async_errors(cfg: EmberConfig) -> list[str]:
+    """A rollout pool apart from the trainer's (hybrid_engine=false) and the loop that overlaps generation."""
+    errors = []
+    mode, hybrid = cfg.async_training.mode, cfg.actor_rollout_ref.hybrid_engine
+    if mode not in ASYNC_MODES:
+        errors.append(f"async_training.mode={mode} is not a mode; choose one of {', '.join(ASYNC_MODES)}")
+    if mode == "one_step_off" and hybrid:
+        errors.append("async_training.mode=one_step_off generates on GPUs of its own while the actor trains: set "
+                      "actor_rollout_ref.hybrid_engine=false and give the rollout pool's size (rollout.nnodes, "
+                      "rollout.n_gpus_per_node), or use async_training.mode=sync")
+    if not hybrid:
+        for key in ("nnodes", "n_gpus_per_node"):
+            if getattr(cfg.rollout, key) < 1:
+                errors.append(f"rollout.{key}={getattr(cfg.rollout, key)}: actor_rollout_ref.hybrid_engine=false puts "
+                              "the rollout on GPUs of its own; give it at least 1")
+    return errors
+
+
 def _rl_errors(cfg: EmberConfig) -> list[str]:
     errors = _bound_errors(cfg, _rl_bounds(cfg)) + _logger_package_errors(cfg.trainer.logger)
     world = world_size(cfg.trainer)
@@ -282,10 +301,13 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
                                            section.ulysses_sequence_parallel_size)
         errors += _mini_batch_errors(role, section.ppo_mini_batch_size, section.ppo_micro_batch_size_per_gpu,
                                      section.use_dynamic_bsz, data_parallel, cfg)
-    actor_gpus, actor_gpus_text = _gpus_text(cfg, "actor_rollout")
-    if rollout.tensor_model_parallel_size >= 1 and actor_gpus % rollout.tensor_model_parallel_size:
+    rollout_gpus, rollout_gpus_text = (_gpus_text(cfg, "actor_rollout") if cfg.actor_rollout_ref.hybrid_engine else
+                                       (cfg.rollout.nnodes * cfg.rollout.n_gpus_per_node,
+                                        "the rollout pool's GPUs (rollout.nnodes × rollout.n_gpus_per_node)"))
+    if rollout.tensor_model_parallel_size >= 1 and rollout_gpus >= 1 and rollout_gpus % rollout.tensor_model_parallel_size:
         errors.append(f"{_ROLLOUT}.tensor_model_parallel_size={rollout.tensor_model_parallel_size} does not divide "
-                      f"{actor_gpus_text}; use one of {nearest_divisors(actor_gpus, rollout.tensor_model_parallel_size)}")
+                      f"{rollout_gpus_text}; use one of "
+                      f"{nearest_divisors(rollout_gpus, rollout.tensor_model_parallel_size)}")
     for path in (f"{_ACTOR}.fsdp_config", f"{_REF}.fsdp_config", "critic.model.fsdp_config"):
         fsdp_size = value_at(cfg, path).fsdp_size
         if fsdp_size == 0 or fsdp_size < -1 or (fsdp_size > 0 and world % fsdp_size):
@@ -300,7 +322,7 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
     if cfg.algorithm.adv_estimator == "gae" and not critic.enable:
         errors.append("algorithm.adv_estimator=gae needs a critic but critic.enable=false; "
                       "remove critic.enable=false or choose a critic-free estimator such as grpo")
-    errors += _dapo_errors(cfg) + _profiler_errors(cfg) + _rollout_correction_errors(cfg)
+    errors += _dapo_errors(cfg) + _profiler_errors(cfg) + _rollout_correction_errors(cfg) + _async_errors(cfg)
     if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path is None:
         errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (the checkpoint folder to resume from)")
     if cfg.reward_model.enable and cfg.reward_model.model.path is None:

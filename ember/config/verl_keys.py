@@ -93,7 +93,23 @@ _ROLE = {
     "entropy_from_logits_with_chunking": VerlKey("entropy is computed with the log-probs", False),
 }
 
+_NOT_VERL_DEFAULT = object()  # a default no value equals: every value given is refused
+_FULLY_ASYNC = VerlKey("verl's fully async trainer (recipe/fully_async_policy: streaming rollout, a staleness bound, "
+                       "partial rollouts) is not built in ember; remove the key, and for generation that overlaps "
+                       "training use async_training.mode=one_step_off (verl's one_step_off_policy recipe)",
+                       _NOT_VERL_DEFAULT, refuse=True)
+
 RL_VERL_KEYS: dict[str, VerlKey] = {
+    **{f"async_training.{name}": _FULLY_ASYNC
+       for name in ("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout",
+                    "use_rollout_log_probs", "compute_prox_log_prob", "checkpoint_engine")},
+    **{f"rollout.{name}": _FULLY_ASYNC for name in ("n", "total_rollout_steps", "total_epochs", "test_freq")},
+    "actor_rollout_ref.actor.use_rollout_log_probs": VerlKey(
+        "the rollout's log-probs as the old ones is algorithm.rollout_correction.bypass_mode in ember", False,
+        refuse=True),
+    "trainer.weight_sync_with_ray": VerlKey(
+        "ember sends the weights over a torch.distributed group (NCCL, gloo on the CPU) between the actor's first "
+        "rank and the rollout ranks, in buckets, whatever this says", True),
     **_under(("actor_rollout_ref.actor.fsdp_config", "actor_rollout_ref.ref.fsdp_config",
               "critic.model.fsdp_config", "reward_model.model.fsdp_config"), _FSDP_ENGINE),
     **_under(("actor_rollout_ref.actor.optim", "critic.optim"), _MEGATRON_OPTIM),

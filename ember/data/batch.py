@@ -76,6 +76,10 @@ class Batch:
     """[B] int64 NLA: the position id (counted over real tokens, as `position_ids`) of the token
     whose input embedding the vector replaces; -1 = none. Set only on the actor's batches."""
 
+    policy_versions: Tensor | None = _tensor(SAMPLE)
+    """[B] int64: the version of the weights that generated each sample (the training step whose update
+    made them; 0: the weights loaded at the start)."""
+
     uids: list[str] = _per_sample_list()
     """Prompt-group id: the samples of one prompt share it (GRPO groups by it)."""
     data_sources: list[str] = _per_sample_list()

@@ -83,6 +83,20 @@ def init_distributed(timeout_s: float | None = None) -> None:
         dist.init_process_group(backend(), store=dist.HashStore(), rank=0, world_size=1, **options)
 
 
+def separate_group(store: dist.Store, group_rank: int, group_size: int, timeout_s: float) -> dist.ProcessGroup:
+    """A process group beside this process's default one, over this device's backend (NCCL, gloo on the CPU):
+    its members may belong to different default groups (the trainer's pool and the rollout's)."""
+    timeout = timedelta(seconds=timeout_s)
+    name = backend()
+    if name == "gloo":
+        return dist.ProcessGroupGloo(store, group_rank, group_size, timeout)
+    if name == "nccl":
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timeout
+        return dist.ProcessGroupNCCL(store, group_rank, group_size, options)
+    raise RuntimeError(f"a process group apart from the default one is built for gloo and nccl only, not {name}")
+
+
 def shutdown_distributed() -> None:
     """Leave the process group together: a barrier, then its destruction. Tearing a group down
     while another rank still uses it, or leaving it to interpreter exit, can abort the process."""

@@ -39,7 +39,7 @@ def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -
     resources = ray.cluster_resources()
     use_gpus = wants_gpus and resources.get("GPU", 0) > 0
     kind = "GPU" if use_gpus else "CPU"
-    needed = sum(pool.size for pool in placement.pools) if placement.split else placement.pools[0].size
+    needed = placement.total_gpus
     if resources.get(kind, 0) < needed:
         nodes = max(pool.nnodes for pool in placement.pools)
         raise ConfigError(f"the run asks for {needed} {kind}s in Ray but the cluster has {int(resources.get(kind, 0))} "

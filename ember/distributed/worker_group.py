@@ -18,12 +18,12 @@ device, no Ray).
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ember.config.placement import Pool
+from ember.distributed.weight_transfer import rendezvous_address
 from ember.errors import UserError
 
 
@@ -79,11 +79,7 @@ class _RankHost:
 
     def rendezvous_address(self) -> tuple[str, int]:
         """This node's address and a free port, for the pool's torch.distributed store (asked of rank 0)."""
-        import ray
-
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            return ray.util.get_node_ip_address(), probe.getsockname()[1]
+        return rendezvous_address()
 
     def build(self, environment: dict[str, str], factory: Callable[..., Any], args: tuple, kwargs: dict) -> None:
         os.environ.update(environment)

@@ -41,6 +41,9 @@ class RolloutOutput:
     """Log-probability of each response token under the rollout policy (see the engine for which)."""
     finish_reason: FinishReason
     """Why the response ended: "stop" (it emitted a stop token) or "length" (max_new_tokens)."""
+    policy_version: int = 0
+    """The version of the weights that generated it (the training step whose update made them; 0: the
+    weights loaded at the start), stamped by the rollout role."""
 
 
 class RolloutEngine(ABC):

@@ -24,6 +24,8 @@ def generation_records(experience: Experience, scores: Scores, step: int,
     for index, (prompt, response) in enumerate(zip(experience.prompts, experience.responses)):
         record = {"input": prompt.prompt_text, "output": response, "gts": prompt.ground_truth,
                   "score": float(scores.scores[index]), "step": step}
+        if experience.batch.policy_versions is not None:
+            record["policy_version"] = int(experience.batch.policy_versions[index])
         record.update({key: values[index] for key, values in scores.extras.items()})
         if advantages is not None:
             record["advantage"] = float(advantages[index])

@@ -12,7 +12,7 @@ from ember.algorithms import scores_to_token_rewards
 from ember.data.batch import Batch
 from ember.data.rl_dataset import PromptSample
 from ember.rewards import RewardItem, RewardManager
-from ember.rollout import RolloutEngine, SamplingParams
+from ember.rollout import RolloutEngine, RolloutOutput, SamplingParams
 
 
 @dataclass
@@ -28,6 +28,12 @@ def generate_experience(rollout: RolloutEngine, prompts: list[PromptSample], sam
                         tokenizer, eos_token_ids: list[int], uid_prefix: str) -> Experience:
     """Samples `sampling.n` responses per prompt; samples of one prompt share a uid (its GRPO group)."""
     outputs = rollout.generate([prompt.prompt_ids for prompt in prompts], sampling)
+    return build_experience(prompts, outputs, tokenizer, eos_token_ids, uid_prefix)
+
+
+def build_experience(prompts: list[PromptSample], outputs: list[RolloutOutput], tokenizer, eos_token_ids: list[int],
+                     uid_prefix: str) -> Experience:
+    """The Batch and decoded responses of a rollout's `outputs` for `prompts` (`generate_experience`)."""
     per_sample = [prompts[output.prompt_index] for output in outputs]
     batch = Batch.from_rollout(
         [prompt.prompt_ids for prompt in per_sample], [output.token_ids for output in outputs],
@@ -37,6 +43,7 @@ def generate_experience(rollout: RolloutEngine, prompts: list[PromptSample], sam
         data_sources=[prompt.data_source for prompt in per_sample],
         ground_truths=[prompt.ground_truth for prompt in per_sample],
         extra_infos=[prompt.extra_info for prompt in per_sample])
+    batch.policy_versions = torch.tensor([output.policy_version for output in outputs], dtype=torch.int64)
     # response_mask is each row's prefix up to and including EOS: one host list, cut per row
     lengths = batch.response_mask.sum(dim=1).tolist()
     responses = tokenizer.batch_decode([row[:int(length)] for row, length in zip(batch.responses.tolist(), lengths)],

@@ -61,3 +61,13 @@ def compute_timing_metrics(timings: dict[str, float], batch: Batch) -> dict[str,
     if timings.get("step"):
         metrics["perf/throughput"] = total_tokens / timings["step"]
     return metrics
+
+
+def staleness_metrics(batch: Batch, trained_version: int) -> dict[str, float]:
+    """How many updates behind the weights that train on them (`trained_version`) the samples' generating
+    weights are: 0 in synchronous training, 1 with one_step_off after its first step."""
+    if batch.policy_versions is None:
+        return {}
+    lag = (trained_version - batch.policy_versions).float()
+    return {"rollout/staleness/mean": lag.mean().item(), "rollout/staleness/max": lag.max().item(),
+            "rollout/policy_version/min": float(batch.policy_versions.min())}

@@ -33,6 +33,7 @@ from ember.workers.noise_injection import NoiseInjection, build_noise_injection
 from ember.workers.reconstructor import Reconstructor, ReconstructorOptions
 from ember.workers.reference import Reference
 from ember.workers.rollout import PolicyRollout
+from ember.workers.weight_sync import WeightSender
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +194,8 @@ def import_external_libs(cfg: EmberConfig) -> None:
 
 def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int) -> dict[str, object]:
     """The roles one process holds (see `rank_worker.py`), each sized for its engine's data-parallel share
-    (`rank_share`): "actor" (with "rollout" beside it), "reference", "critic"."""
+    (`rank_share`): "actor" (with "rollout" beside it, or with `hybrid_engine=false` the "weight_sender" that
+    streams its weights to the rollout's own pool), "rollout" alone (that pool's ranks), "reference", "critic"."""
     import_external_libs(cfg)
     arr = cfg.actor_rollout_ref
     model_path = arr.model.path
@@ -229,19 +231,15 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
             loss_agg_mode=actor_cfg.loss_agg_mode, entropy_coeff=actor_cfg.entropy_coeff,
             use_kl_loss=actor_cfg.use_kl_loss, kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
             temperature=rollout_cfg.temperature, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
-        tokenizer = load_tokenizer(cfg)
-        name = rollout_cfg.engine
-        if rollout_cfg.name in STAND_IN_NAMES:  # (NLA's nla_sglang says so in its own note)
-            logger.warning(stand_in_note(rollout_cfg))
-        with timed(seconds, "rollout"):
-            engine = build_rollout(name, actor_engine.module() if name == "hf" else None, tokenizer.pad_token_id,
-                                   max_batch_size=rollout_cfg.max_num_seqs, model_path=model_path,
-                                   engine_config=engine_config(rollout_cfg) if name == "ember" else None)
-        noise = run_noise_injection(cfg, total_steps)
-        if name == "ember" and actor_engine.syncs_live_parameters and noise is None:
-            engine.share_training_weights()  # the actor's tensors themselves become the engine's weights
         built["actor"] = actor
-        built["rollout"] = PolicyRollout(engine, actor, free_cache_engine=rollout_cfg.free_cache_engine, noise=noise)
+        if arr.hybrid_engine:
+            with timed(seconds, "rollout"):
+                built["rollout"] = build_policy_rollout(cfg, total_steps, actor)
+        else:  # the rollout has its own pool: this pool's first rank sends it the weights
+            built["weight_sender"] = WeightSender(actor, timeout_s=arr.nccl_timeout)
+    if "rollout" in roles and "actor" not in roles:  # hybrid_engine=false: the rollout pool's ranks
+        with timed(seconds, "rollout"):
+            built["rollout"] = build_policy_rollout(cfg, total_steps, None)
     if "reference" in roles:
         ref_cfg = arr.ref
         with timed(seconds, "reference"):
@@ -262,6 +260,27 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
     logger.info("engines built on rank %d: %s", rank(),
                 ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()))
     return built
+
+
+def build_policy_rollout(cfg: EmberConfig, total_steps: int, actor: Actor | None) -> PolicyRollout:
+    """This rank's rollout role: beside `actor` in its process (hybrid engine), or on a rollout pool of its own
+    (`actor` None: ember's engine, sent the weights by the actor's pool)."""
+    arr = cfg.actor_rollout_ref
+    rollout_cfg = arr.rollout
+    tokenizer = load_tokenizer(cfg)
+    name = rollout_cfg.engine
+    if rollout_cfg.name in STAND_IN_NAMES:  # (NLA's nla_sglang says so in its own note)
+        logger.warning(stand_in_note(rollout_cfg))
+    actor_engine = actor.engine if actor is not None else None
+    engine = build_rollout(name, actor_engine.module() if name == "hf" else None, tokenizer.pad_token_id,
+                           max_batch_size=rollout_cfg.max_num_seqs, model_path=arr.model.path,
+                           engine_config=engine_config(rollout_cfg) if name == "ember" else None)
+    if actor is None:
+        return PolicyRollout(engine, None, free_cache_engine=False, weight_timeout_s=arr.nccl_timeout)
+    noise = run_noise_injection(cfg, total_steps)
+    if name == "ember" and actor_engine.syncs_live_parameters and noise is None:
+        engine.share_training_weights()  # the actor's tensors themselves become the engine's weights
+    return PolicyRollout(engine, actor, free_cache_engine=rollout_cfg.free_cache_engine, noise=noise)
 
 
 def rank_share(samples: int, engine: TrainEngine, what: str) -> int:

@@ -33,7 +33,8 @@ from ember.trainer.experience import Experience, Scores, generate_experience, sc
 from ember.trainer.experiment_trackers import TrackedRun
 from ember.trainer.faults import BadStepGuard, BadStepsError, StopRequest
 from ember.trainer.loggers import MetricLogger
-from ember.trainer.metrics import compute_data_metrics, compute_timing_metrics, timed
+from ember.trainer.metrics import compute_data_metrics, compute_timing_metrics, staleness_metrics, timed
+from ember.trainer.one_step_off import InFlightGeneration
 from ember.trainer.rank_setup import use_configured_device
 from ember.trainer.rl_setup import RLComponents, build_components
 from ember.trainer.rollout_correction import correct_rollout
@@ -76,6 +77,8 @@ class RLTrainer:
         """`reward_model.launch_reward_fn_async`: where a step's scores are computed while its log-probs,
         reference and values are (the reward manager's workers do the scoring; this thread waits on them)."""
         self.validation_history: list[tuple[int, dict[str, float]]] = []
+        self.in_flight: InFlightGeneration | None = None  # one_step_off: the next step's generation, under way
+        self.weight_sync_gb = 0.0  # the size of one weight sync to a rollout pool of its own
         self.profiler = StepProfiler(cfg.global_profiler, parts.worker_groups(), parts.total_steps)
 
     def checkpointed_roles(self) -> list[tuple[str, object]]:
@@ -105,7 +108,7 @@ class RLTrainer:
                                stop.signal_name)
                 return {}
             while self.step < parts.total_steps:
-                prompts = self.next_prompts()
+                prompts = self.in_flight.prompts if self.in_flight is not None else self.next_prompts()
                 self.step += 1
                 try:
                     metrics = self.train_step(prompts)
@@ -136,6 +139,7 @@ class RLTrainer:
     def run_step(self, prompts) -> dict[str, float]:
         cfg, parts = self.cfg, self.parts
         timings: dict[str, float] = {}
+        trained_version = parts.actor.version  # the weights this step's update starts from
         with timed(timings, "step"):
             experience, scored, sampling_metrics = self.generate_and_score(prompts, timings)
             batch = experience.batch
@@ -195,6 +199,9 @@ class RLTrainer:
         metrics.update(compute_data_metrics(as_generated, cfg.data.max_response_length,
                                             parts.critic is not None and self.critic_gives_values))
         metrics.update(compute_timing_metrics(timings, batch))
+        metrics.update(staleness_metrics(batch, trained_version))
+        if "weight_sync" in timings:
+            metrics["perf/weight_sync_gb"] = self.weight_sync_gb
         metrics["training/epoch"] = float(parts.train_loader.epoch)
         return metrics
 
@@ -220,8 +227,7 @@ class RLTrainer:
             sampling = replace(self.sampling(), first_prompt_index=generated[0])
             generated[0] += len(round_prompts)
             with timed(timings, "gen"):
-                experience = generate_experience(self.parts.rollout, round_prompts, sampling,
-                                                 self.parts.tokenizer, self.parts.eos_token_ids, uid_prefix=uid_prefix)
+                experience = self.generate(round_prompts, sampling, uid_prefix, timings)
             if in_background:
                 return experience, self.reward_thread.submit(self.score_round, experience)
             with timed(timings, "reward"):
@@ -236,6 +242,39 @@ class RLTrainer:
             return experience, scored, {}
         return sample_dynamically(experience, scored, one_round, self.next_prompts, cfg.algorithm.filter_groups,
                                   cfg.data.train_batch_size, f"step{self.step}")
+
+    def generate(self, prompts, sampling: SamplingParams, uid_prefix: str, timings: dict[str, float]) -> Experience:
+        """Samples for `prompts`: the in-flight generation started for this step (one_step_off), or generated
+        now with the actor's current weights (sent first to a rollout pool of its own). With one_step_off the
+        next step's generation starts before this returns (`one_step_off.py`)."""
+        parts = self.parts
+        in_flight, self.in_flight = self.in_flight, None
+        if in_flight is not None:
+            with timed(timings, "wait_prev_gen"):  # verl's name: the part of the generation training did not hide
+                experience = in_flight.experience(parts.tokenizer, parts.eos_token_ids)
+        else:
+            self.sync_rollout_weights(timings)
+            experience = generate_experience(parts.rollout, prompts, sampling, parts.tokenizer, parts.eos_token_ids,
+                                             uid_prefix=uid_prefix)
+        if self.cfg.async_training.mode == "one_step_off" and self.step < parts.total_steps:
+            self.in_flight = self.start_next_generation(timings)
+        return experience
+
+    def start_next_generation(self, timings: dict[str, float]) -> InFlightGeneration:
+        """Step `self.step + 1`'s prompts, generating with the weights the actor has now (before this step's update)."""
+        loader_state = self.parts.train_loader.state_dict()
+        prompts = self.next_prompts()
+        self.sync_rollout_weights(timings)
+        pending = self.parts.rollout.start_generate([prompt.prompt_ids for prompt in prompts],
+                                                    self.sampling(self.step + 1))
+        return InFlightGeneration(self.step + 1, prompts, pending, loader_state)
+
+    def sync_rollout_weights(self, timings: dict[str, float] | None = None) -> None:
+        """A rollout pool of its own gets the actor's current weights if it holds others (no-op beside the actor)."""
+        sent = self.parts.rollout.sync_weights(self.parts.actor.version)
+        if sent and timings is not None:
+            timings["weight_sync"] = timings.get("weight_sync", 0.0) + sent["seconds"]
+            self.weight_sync_gb = sent["gb"]
 
     def score_round(self, experience: Experience) -> Scores:
         """The reward manager's scores of one generation round, overlong-shaped with the dapo reward manager."""
@@ -279,12 +318,13 @@ class RLTrainer:
             norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo))
         return metrics
 
-    def sampling(self) -> SamplingParams:
+    def sampling(self, step: int | None = None) -> SamplingParams:
+        """Sampling of training step `step` (default: the current one): its seed follows the step."""
         rollout = self.cfg.actor_rollout_ref.rollout
         return SamplingParams(n=rollout.n, temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
                               max_new_tokens=self.cfg.data.max_response_length, do_sample=rollout.do_sample,
                               ignore_eos=rollout.ignore_eos, stop_token_ids=tuple(self.parts.eos_token_ids),
-                              seed=rollout.seed * 1_000_003 + self.step)
+                              seed=rollout.seed * 1_000_003 + (self.step if step is None else step))
 
     # --- validation and checkpoints ----------------------------------------------------------------
 
@@ -294,6 +334,7 @@ class RLTrainer:
                                        parts.eos_token_ids, seed=cfg.actor_rollout_ref.rollout.seed)
         if parts.noise is not None:
             parts.rollout.use_noise(None)  # validation measures the policy itself, not its noised copy
+        self.sync_rollout_weights()  # (queued after a generation in flight, which keeps its weights)
         metrics, scored = validate(parts.rollout, parts.val_dataset, parts.reward_manager, parts.tokenizer,
                                    sampling, parts.eos_token_ids, batch_size=cfg.data.val_batch_size)
         parts.rollout.sleep()
@@ -326,7 +367,8 @@ class RLTrainer:
                 if "hf_model" in self.checkpoint_contents(name):  # verl's folder for it
                     role.export_hf(os.path.join(directory, name, HF_CHECKPOINT_DIR), tokenizer=parts.tokenizer)
             if rank() == 0:
-                save_run_state(directory, step=self.step, loader=parts.train_loader.state_dict(),
+                loader = self.in_flight.loader_state if self.in_flight is not None else parts.train_loader.state_dict()
+                save_run_state(directory, step=self.step, loader=loader,
                                kl_coef=self.kl_controller.value, validation_history=self.validation_history)
 
         self.guard.last_sound_checkpoint = self.checkpoints.save(self.step, write, barrier=_barrier)
@@ -352,6 +394,7 @@ class RLTrainer:
         self.step = state["step"]
         self.parts.train_loader.load_state_dict(state["loader"])
         self.kl_controller.value = state["kl_coef"]
+        self.parts.actor.set_version(self.step)
         self.validation_history = [tuple(item) for item in state["validation_history"]]
         self.guard.last_sound_checkpoint = resumed.path
         self.logger.start(self.step)

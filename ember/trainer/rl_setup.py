@@ -26,7 +26,7 @@ from ember.trainer.rank_worker import RankWorker
 from ember.trainer.resume import CheckpointedModel
 from ember.trainer.experiment_trackers import check_tracker_login
 from ember.trainer.model_folder import check_model_path, check_tokenizer, model_vocab_size
-from ember.trainer.role_groups import ActorGroup, CriticGroup, ReferenceGroup, RolloutGroup
+from ember.trainer.role_groups import ActorGroup, CriticGroup, ReferenceGroup, RolloutGroup, WeightSenderGroup
 from ember.trainer.run_folder import check_run_folder
 from ember.trainer.startup import StartUp
 from ember.workers.noise_injection import NoiseInjection
@@ -63,7 +63,8 @@ class RLComponents:
 
     def worker_groups(self) -> list:
         """The run's worker groups, each once (roles of one pool share one)."""
-        groups = {id(role.group): role.group for role in (self.actor, self.reference, self.critic) if role is not None}
+        groups = {id(role.group): role.group for role in (self.actor, self.rollout, self.reference, self.critic)
+                  if role is not None}
         return list(groups.values())
 
 
@@ -245,12 +246,15 @@ def warn_overridden_settings(cfg: EmberConfig, total_steps: int) -> None:
 
 def pool_roles(cfg: EmberConfig, placement: Placement) -> list[tuple[Pool, tuple[str, ...]]]:
     """Each pool that holds a role of this run, with the roles its processes build (actor and rollout
-    together; the reference and critic beside them unless their own pool is elsewhere)."""
+    together, unless `hybrid_engine=false` gives the rollout its own pool; the reference and critic beside
+    them unless their own pool is elsewhere)."""
     wanted = {"actor": "actor_rollout", "reference": "ref", "critic": "critic"}
     if not uses_reference(cfg):
         wanted.pop("reference")
     if not uses_critic(cfg):
         wanted.pop("critic")
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        wanted["rollout"] = "rollout"
     by_pool: dict[Pool, list[str]] = {}
     for role, pool_role in wanted.items():
         pool = placement.pool_of(pool_role) if placement.split else placement.pools[0]
@@ -269,7 +273,11 @@ def build_worker_groups(cfg: EmberConfig, total_steps: int, use_ray: bool | None
     if use_ray is False and world_size_of(cfg.trainer) > 1:
         raise ValueError(f"a run of {world_size_of(cfg.trainer)} GPUs has its ranks in Ray workers; use_ray=False "
                          "would run one rank in this process")
-    if not (use_ray if use_ray is not None else world_size_of(cfg.trainer) > 1):
+    separate_rollout = not cfg.actor_rollout_ref.hybrid_engine
+    if use_ray is False and separate_rollout:
+        raise ValueError("a rollout pool of its own (hybrid_engine=false) runs in Ray workers; use_ray=False "
+                         "would put it in this process")
+    if not (use_ray if use_ray is not None else world_size_of(cfg.trainer) > 1 or separate_rollout):
         (pool, roles), = layout
         group = LocalWorkerGroup(RankWorker, cfg, roles, total_steps, name=pool.name)
         return {role: group for role in roles}
@@ -279,6 +287,14 @@ def build_worker_groups(cfg: EmberConfig, total_steps: int, use_ray: bool | None
         group = RayWorkerGroup(pool, RankWorker, cfg, roles, total_steps, options=options)
         groups.update({role: group for role in roles})
     return groups
+
+
+def build_rollout_group(groups: dict[str, object]) -> RolloutGroup:
+    """The rollout as the trainer drives it: beside the actor, or (`hybrid_engine=false`) on its own pool,
+    joined to the actor's first rank by the weight group."""
+    if groups.get("rollout", groups["actor"]) is groups["actor"]:
+        return RolloutGroup(groups["actor"])
+    return RolloutGroup(groups["rollout"], sender=WeightSenderGroup(groups["actor"]))
 
 
 def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLComponents:
@@ -311,7 +327,8 @@ def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLCompone
     return RLComponents(tokenizer=tokenizer, train_loader=train_loader, val_dataset=val_dataset, actor=actor,
                         reference=ReferenceGroup(groups["reference"]) if "reference" in groups else None,
                         critic=CriticGroup(groups["critic"]) if "critic" in groups else None,
-                        rollout=RolloutGroup(groups["actor"]), reward_manager=reward_manager,
+                        rollout=build_rollout_group(groups),
+                        reward_manager=reward_manager,
                         eos_token_ids=stop_token_ids(arr.model.path, tokenizer), total_steps=total_steps,
                         timeline_file=cfg.ray_init.timeline_json_file, noise=run_noise_injection(cfg, total_steps),
                         startup=startup)

@@ -130,6 +130,16 @@ class ActorGroup(TrainedRoleGroup):
         super().__init__(group, "actor")
         self.mini_batch_samples = mini_batch_samples  # the whole mini-batch: ppo_mini_batch_size × rollout.n
         self.ppo_epochs = ppo_epochs
+        self.version = 0  # the training step whose update made the weights (`Actor.version`, as the ranks hold it)
+
+    def start_update(self, batch: Batch, step: int) -> Pending:
+        self.version = step
+        return super().start_update(batch, step)
+
+    def set_version(self, step: int) -> None:
+        """The weights are those of training step `step` (a resume loaded its checkpoint)."""
+        self._run_all("set_version", step)
+        self.version = step
 
     def needs_old_log_probs(self, num_samples: int) -> bool:
         """Old log-probs equal the current ones when the batch is used for exactly one update."""
@@ -165,29 +175,86 @@ class ReconstructorGroup(TrainedRoleGroup):
         return torch.cat(self._split_outputs("predict", batch))
 
 
-class RolloutGroup(RoleGroup):
-    """Generation on every rank of the actor's pool, each with its share of the prompts."""
+class WeightSenderGroup(RoleGroup):
+    """The actor's pool as the source of a separate rollout pool's weights (`workers/weight_sync.py`)."""
 
     def __init__(self, group):
+        super().__init__(group, "weight_sender")
+
+    def first_rank(self, method: str, *args: Any) -> Any:
+        """`method` on every rank (a collective over the pool), the first rank's result."""
+        return self._output_results(self._run_all(method, *args))[0]
+
+    def start_connect(self, address: str, port: int, group_size: int) -> Pending:
+        return self._start_all("connect", address, port, group_size)
+
+    def start_send(self) -> Pending:
+        """One sync started on every rank; `wait()` gives the first rank's bytes and seconds."""
+        pending = self._start_all("send")
+        return Pending(lambda: self._output_results(pending.wait())[0])
+
+
+class RolloutGroup(RoleGroup):
+    """Generation on every rank of the actor's pool, each with its share of the prompts; or, with a
+    `sender` (`hybrid_engine=false`), on a pool of its own that the sender's first rank sends the
+    actor's weights to (`sync_weights`, whenever the actor's version has moved)."""
+
+    def __init__(self, group, sender: WeightSenderGroup | None = None):
         super().__init__(group, "rollout")
+        self.sender = sender
+        self.synced_version: int | None = None  # the actor's version the rollout pool holds (None: none sent yet)
+        if sender is not None:
+            address, port = sender.first_rank("address")
+            specs = sender.first_rank("tensor_specs")
+            group_size = 1 + group.world_size
+            joining = [sender.start_connect(address, port, group_size),
+                       self._start_all("connect_weights", address, port, group_size, specs)]
+            for pending in joining:
+                pending.wait()
+
+    def sync_weights(self, version: int) -> dict[str, float]:
+        """A rollout pool of its own: send it the actor's weights unless it holds `version` already; the
+        seconds the sync took and the bytes it sent (empty where nothing was sent)."""
+        if self.sender is None or version == self.synced_version:
+            return {}
+        sending = self.sender.start_send()
+        receiving = self._start_all("receive_weights")
+        sent = sending.wait()  # the source's failure first: receivers then wait
+        received = receiving.wait()
+        if set(received) != {version}:
+            raise RuntimeError(f"the rollout ranks received weight versions {received}, not the actor's {version}")
+        self.synced_version = version
+        return {"seconds": sent["seconds"], "gb": sent["bytes"] / 2**30}
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams,
                  injections: list[Injection | None] | None = None) -> list[RolloutOutput]:
         """Samples grouped by prompt; NLA's `injections` (one per prompt) travel with each rank's prompts."""
+        return self.start_generate(prompts, sampling, injections).wait()
+
+    def start_generate(self, prompts: list[list[int]], sampling: SamplingParams,
+                       injections: list[Injection | None] | None = None) -> Pending:
+        """`generate`, started: its `wait()` returns the samples (meanwhile the driver may drive other pools)."""
         bounds = [len(prompts) * dp_rank // self.dp_size for dp_rank in range(self.dp_size + 1)]
         per_share = [(self.role, "generate", prompts[start:end],
                       replace(sampling, first_prompt_index=sampling.first_prompt_index + start),
                       None if injections is None else injections[start:end])
                      for start, end in zip(bounds, bounds[1:])]
-        outputs = []
-        for start, share_outputs in zip(bounds, self._output_results(self._start_by_layout("call", per_share).wait())):
-            for output in share_outputs:
-                output.prompt_index += start
-                outputs.append(output)
-        return outputs
+        pending = self._start_by_layout("call", per_share)
+
+        def joined() -> list[RolloutOutput]:
+            outputs = []
+            for start, share_outputs in zip(bounds, self._output_results(pending.wait())):
+                for output in share_outputs:
+                    output.prompt_index += start
+                    outputs.append(output)
+            return outputs
+
+        return Pending(joined)
 
     def sleep(self) -> None:
-        self._run_all("sleep")
+        """Hand the KV cache back to training (`rollout.free_cache_engine`); a pool of its own keeps it."""
+        if self.sender is None:
+            self._run_all("sleep")
 
     def use_noise(self, step: int | None) -> None:
         """Noised weights of training step `step` for the next generations, or clean ones (None)."""

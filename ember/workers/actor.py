@@ -52,13 +52,16 @@ class ActorOptions:
 
 
 class Actor(EngineRole):
-    """Computes log-probs of responses and updates the policy; `version` counts its updates."""
+    """Computes log-probs of responses and updates the policy; `version` names its weights."""
 
     def __init__(self, engine: TrainEngine, options: ActorOptions):
         super().__init__(engine)
         self.options = options
         self.policy_loss_fn = get_policy_loss_fn(options.policy_loss)
-        self.version = 0  # a rollout holding version v of the weights needs a sync when this differs
+        self.updates = 0  # a rollout that synced at another count needs a sync
+        self.version = 0
+        """The training step whose update made the current weights (0: as loaded at the start); the samples
+        of a rollout holding these weights carry it."""
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
         with self.engine.resident():
@@ -76,9 +79,14 @@ class Actor(EngineRole):
                     mini_batch, self._loss, options.micro_batch,
                     compute_entropy=True, temperature=options.temperature,
                     entropy_grad=options.entropy_coeff != 0))
-        self.version += 1
+        self.updates += 1
+        self.version = step
         return {key if key.startswith(MISMATCH_PREFIXES) else f"actor/{key}": value
                 for key, value in average_metrics(results).items()}
+
+    def set_version(self, step: int) -> None:
+        """The weights are those of training step `step` (a resume loaded its checkpoint)."""
+        self.version = step
 
     def _loss(self, output: ModelOutput, batch: Batch, context: LossContext) -> tuple[torch.Tensor, dict[str, float]]:
         """The micro-batch's share of the mini-batch loss (normalised by the global counts), and

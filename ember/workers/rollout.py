@@ -3,7 +3,7 @@ current weights.
 
 The one thing to know: an engine with its own copy of the weights (`rollout.name=ember`) is
 sent the actor's full weights, streamed in buckets, whenever the actor has updated since the
-last sync (`Actor.version`); gathering them is a collective, so every rank of the actor's
+last sync (`Actor.updates`); gathering them is a collective, so every rank of the actor's
 pool generates at once. An engine that generates with the actor's own module (`hf`, or
 ember's engine sharing the actor's tensors at one rank) needs no sync; the `hf` engine holds
 the actor resident while it generates. With `rollout.free_cache_engine` the engine's KV
@@ -11,6 +11,11 @@ cache goes back to training after each generation (`sleep`) and is taken again o
 With noise injection (`noise_injection.py`) the weights are noised on their way to the engine
 for training steps (`use_noise(step)`) and sent clean for validation (`use_noise(None)`): the
 synced state records which, so each switch sends the weights again.
+
+With `actor_rollout_ref.hybrid_engine=false` there is no actor beside it (`actor=None`): the rollout
+ranks form a pool of their own and the weights arrive when the driver has the actor's ranks send
+them (`receive_weights`, the other end of `workers/weight_sync.py`). Either way every sample
+carries the version of the weights that generated it (`RolloutOutput.policy_version`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 
 from ember.distributed.device import rank, world_size
+from ember.distributed.weight_transfer import TensorSpec, WeightTransfer
 from ember.engines.base import DataLayout
 from ember.profiling import phase
 from ember.rollout import Injection, RolloutEngine, RolloutOutput, SamplingParams
@@ -28,8 +34,8 @@ from ember.workers.noise_injection import NoiseInjection
 class PolicyRollout:
     """Generation with the actor's current weights; see the module docstring."""
 
-    def __init__(self, rollout: RolloutEngine, actor: Actor, free_cache_engine: bool,
-                 noise: NoiseInjection | None = None):
+    def __init__(self, rollout: RolloutEngine, actor: Actor | None, free_cache_engine: bool,
+                 noise: NoiseInjection | None = None, weight_timeout_s: float = 600.0):
         if noise is not None and rollout.shares_training_weights:
             raise ValueError("noise injection needs a rollout engine with its own copy of the weights "
                              "(rollout.name=ember), not one that generates with the actor's module")
@@ -38,9 +44,13 @@ class PolicyRollout:
         self.free_cache_engine = free_cache_engine
         self.noise = noise
         self.noise_step: int | None = None  # the training step whose noise to send; None: clean weights
-        self.synced_version: int | None = None
+        self.synced_updates: int | None = None
         self.synced_noise_step: int | None = None
         self.asleep = False
+        self.policy_version = 0  # the version of the weights the engine holds (see `Actor.version`)
+        self.weight_timeout_s = weight_timeout_s
+        self.transfer: WeightTransfer | None = None  # without an actor: the weight group's receiving end
+        self.specs: list[TensorSpec] = []
 
     def data_layout(self) -> DataLayout:
         """The generation engine's own layout, whatever the actor's training layout: each replica (one
@@ -61,7 +71,22 @@ class PolicyRollout:
         if not prompts:
             return []
         with self._generating():
-            return self.rollout.generate(prompts, sampling, injections)
+            outputs = self.rollout.generate(prompts, sampling, injections)
+        for output in outputs:
+            output.policy_version = self.policy_version
+        return outputs
+
+    def connect_weights(self, address: str, port: int, group_size: int, specs: list[TensorSpec]) -> None:
+        """Join the weight group (the actor's first rank is its rank 0, this rank 1 + its rollout rank) and keep
+        the names and shapes every sync sends (a rollout pool of its own only)."""
+        self.specs = specs
+        self.transfer = WeightTransfer(address, port, 1 + rank(), group_size, self.weight_timeout_s)
+
+    def receive_weights(self) -> int:
+        """Take one sync of the actor's weights into the engine; the version received."""
+        with phase("rollout/weight_receive"):
+            self.policy_version = self.transfer.receive(self.specs, self.rollout.update_weights)
+        return self.policy_version
 
     def sleep(self) -> None:
         """With rollout.free_cache_engine, hand the KV cache back for training until the next `generate`."""
@@ -76,14 +101,17 @@ class PolicyRollout:
             with phase("rollout/wake"):
                 self.rollout.wake()
             self.asleep = False
-        stale = self.synced_version != self.actor.version or self.synced_noise_step != self.noise_step
+        if self.actor is None:  # the weights arrive from the actor's pool (`receive_weights`)
+            return
+        stale = self.synced_updates != self.actor.updates or self.synced_noise_step != self.noise_step
         if not self.rollout.shares_training_weights and stale:
             with phase("rollout/weight_sync"), self.actor.engine.resident():
                 for bucket in self.actor.engine.named_parameters_for_sync():
                     if self.noise_step is not None:
                         bucket = self.noise.apply(bucket, self.noise_step)
                     self.rollout.update_weights(bucket)
-            self.synced_version, self.synced_noise_step = self.actor.version, self.noise_step
+            self.synced_updates, self.synced_noise_step = self.actor.updates, self.noise_step
+        self.policy_version = self.actor.version
 
     def _generating(self):
         if self.rollout.shares_training_weights:

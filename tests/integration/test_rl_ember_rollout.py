@@ -18,7 +18,8 @@ def test_grpo_with_the_ember_engine_syncs_trained_weights(inputs, tmp_path):
         rollout_weights = dict(trainer.parts.rollout.in_process().rollout.engine.model.named_parameters())
         actor_weights = engine_weights(trainer.parts.actor.in_process().engine)
         # The last validation (after the last update) synced the final weights into the engine.
-        assert trainer.parts.rollout.in_process().synced_version == trainer.parts.actor.in_process().version == 3
+        rollout, actor = trainer.parts.rollout.in_process(), trainer.parts.actor.in_process()
+        assert rollout.synced_updates == actor.updates == 3 and rollout.policy_version == actor.version == 3
         for name, tensor in actor_weights.items():
             torch.testing.assert_close(rollout_weights[name].float(), tensor.float(), rtol=0, atol=0)
     finally:

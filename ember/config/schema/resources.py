@@ -55,3 +55,13 @@ class RayKwargsConfig:
         {}, "named pools {NAME: {num_gpus, num_cpus}}, num_gpus per node: a NAME containing actor or rollout is "
         "the pool of actor, rollout and reference, one containing critic the critic's; pools of 0 GPUs are dropped; "
         "num_cpus: ember reserves one CPU per GPU (no effect)")
+
+
+@dataclass
+class RolloutPoolConfig:
+    """verl's top-level `rollout` section (its one_step_off_policy recipe): the GPUs of a rollout pool apart
+    from the trainer's, read only with `actor_rollout_ref.hybrid_engine=false`; `trainer.nnodes` ×
+    `trainer.n_gpus_per_node` are then the training GPUs alone."""
+
+    nnodes: int = field_(1, "machines of the rollout pool (hybrid_engine=false only)")
+    n_gpus_per_node: int = field_(8, "GPUs of the rollout pool on each of its machines (hybrid_engine=false only)")

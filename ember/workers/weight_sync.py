@@ -1,0 +1,56 @@
+"""The actor's side of a rollout pool of its own (`actor_rollout_ref.hybrid_engine=false`).
+
+Role "weight_sender" on every rank of the actor's pool. The one thing to know: every actor rank
+takes part in each sync (the engine gathers each bucket over them), and the first rank alone
+sends it on to the rollout ranks over the weight group (`distributed/weight_transfer.py`); the
+rollout side is `PolicyRollout.receive_weights`. The version sent is the actor's (`Actor.version`:
+the training step whose update made the weights), which the rollout stamps on every sample.
+"""
+
+from __future__ import annotations
+
+from ember.distributed.device import rank
+from ember.distributed.weight_transfer import TensorSpec, WeightTransfer, rendezvous_address
+from ember.engines.base import DataLayout
+from ember.profiling import phase
+from ember.workers.actor import Actor
+
+
+class WeightSender:
+    """Streams the actor's weights to the rollout pool; see the module docstring."""
+
+    def __init__(self, actor: Actor, timeout_s: float):
+        self.actor = actor
+        self.timeout_s = timeout_s
+        self.transfer: WeightTransfer | None = None
+        self.specs: list[TensorSpec] = []
+
+    def data_layout(self) -> DataLayout:
+        """One share for the whole pool, returned by the first rank (the one that sends)."""
+        return DataLayout(1, 0, rank() == 0)
+
+    def address(self) -> tuple[str, int]:
+        """Where the weight group's store is hosted: this node and a free port (asked of the first rank)."""
+        return rendezvous_address()
+
+    def tensor_specs(self) -> list[TensorSpec]:
+        """The names, shapes and dtypes a sync sends, in order (one pass over the engine's buckets: every rank)."""
+        with self.actor.engine.resident():
+            self.specs = [TensorSpec.of(name, tensor) for bucket in self.actor.engine.named_parameters_for_sync()
+                          for name, tensor in bucket]
+        return self.specs
+
+    def connect(self, address: str, port: int, group_size: int) -> None:
+        """The first rank joins the weight group as its rank 0 (the rollout ranks join beside it)."""
+        if rank() == 0:
+            self.transfer = WeightTransfer(address, port, 0, group_size, self.timeout_s)
+
+    def send(self) -> dict[str, float]:
+        """One sync of the actor's current weights; on the first rank, bytes sent and seconds taken."""
+        with phase("rollout/weight_send"), self.actor.engine.resident():
+            buckets = self.actor.engine.named_parameters_for_sync()
+            if self.transfer is None:  # gathers on the other ranks, sends nothing
+                for _ in buckets:
+                    pass
+                return {}
+            return self.transfer.send(buckets, self.specs, self.actor.version)
