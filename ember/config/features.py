@@ -92,8 +92,9 @@ RL_UNIMPLEMENTED: list[Row] = [
      lambda cfg: "algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs as the old ones, weights and "
                  "rejection inside the actor's loss) is not implemented yet; use bypass_mode=false (decoupled: old "
                  "log-probs computed, the same rollout_is/rollout_rs keys)"),
-    (lambda cfg: cfg.actor_rollout_ref.rollout.mode == "async",
-     lambda cfg: f"{_A}.rollout.mode=async (a rollout server for agent loops) is not implemented yet; use sync"),
+    (lambda cfg: cfg.actor_rollout_ref.rollout.mode == "async" and not cfg.actor_rollout_ref.rollout.multi_turn.enable,
+     lambda cfg: f"{_A}.rollout.mode=async without multi_turn.enable (a rollout server for single-turn agent loops) "
+                 "is not implemented yet; use sync, or turn on multi_turn.enable for ember's tool agent loop"),
     (lambda cfg: not cfg.actor_rollout_ref.hybrid_engine,
      lambda cfg: f"{_A}.hybrid_engine=false (rollout workers apart from the actor's) is not implemented yet; ember "
                  "generates beside the actor on its GPUs (use resource pools to give the critic GPUs of its own)"),

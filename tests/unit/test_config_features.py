@@ -26,7 +26,8 @@ def test_defaults_need_nothing_unimplemented():
     ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"], "ulysses_sequence_parallel_size=2"),
     ([f"{A}.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2", f"{A}.rollout.name=hf"],
      f"{A}.rollout.tensor_model_parallel_size=2 with {A}.rollout.name=hf: the hf rollout generates with the actor's"),
-    ([f"{A}.rollout.mode=async"], f"{A}.rollout.mode=async (a rollout server for agent loops) is not implemented yet"),
+    ([f"{A}.rollout.mode=async"], f"{A}.rollout.mode=async without multi_turn.enable (a rollout server for single-turn "
+                                  "agent loops) is not implemented yet"),
     ([f"{A}.hybrid_engine=false"], f"{A}.hybrid_engine=false (rollout workers apart from the actor's)"),
     ([f"{A}.actor.fsdp_config.fsdp_size=2", "trainer.n_gpus_per_node=4"], "fsdp_config.fsdp_size (hybrid sharding, HSDP)"),
     (["trainer.default_hdfs_dir=hdfs://x/ckpt"], "trainer.default_hdfs_dir=hdfs://x/ckpt (copying checkpoints to remote"),
