@@ -172,12 +172,15 @@ class RolloutGroup(RoleGroup):
         super().__init__(group, "rollout")
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams,
-                 injections: list[Injection | None] | None = None) -> list[RolloutOutput]:
-        """Samples grouped by prompt; NLA's `injections` (one per prompt) travel with each rank's prompts."""
+                 injections: list[Injection | None] | None = None,
+                 extra_infos: list[dict] | None = None) -> list[RolloutOutput]:
+        """Samples grouped by prompt; NLA's `injections` and the agent loop's `extra_infos` (one per prompt)
+        travel with each rank's prompts."""
         bounds = [len(prompts) * dp_rank // self.dp_size for dp_rank in range(self.dp_size + 1)]
         per_share = [(self.role, "generate", prompts[start:end],
                       replace(sampling, first_prompt_index=sampling.first_prompt_index + start),
-                      None if injections is None else injections[start:end])
+                      None if injections is None else injections[start:end],
+                      None if extra_infos is None else extra_infos[start:end])
                      for start, end in zip(bounds, bounds[1:])]
         outputs = []
         for start, share_outputs in zip(bounds, self._output_results(self._start_by_layout("call", per_share).wait())):
