@@ -92,8 +92,9 @@ RL_UNIMPLEMENTED: list[Row] = [
      lambda cfg: "algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs as the old ones, weights and "
                  "rejection inside the actor's loss) is not implemented yet; use bypass_mode=false (decoupled: old "
                  "log-probs computed, the same rollout_is/rollout_rs keys)"),
-    (lambda cfg: cfg.actor_rollout_ref.rollout.mode == "async",
-     lambda cfg: f"{_A}.rollout.mode=async (a rollout server for agent loops) is not implemented yet; use sync"),
+    (lambda cfg: cfg.actor_rollout_ref.rollout.mode == "async" and not cfg.actor_rollout_ref.rollout.multi_turn.enable,
+     lambda cfg: f"{_A}.rollout.mode=async without multi_turn.enable (a rollout server for single-turn agent loops) "
+                 "is not implemented yet; use sync, or turn on multi_turn.enable for ember's tool agent loop"),
     (lambda cfg: not cfg.actor_rollout_ref.hybrid_engine and cfg.actor_rollout_ref.rollout.engine == "hf",
      lambda cfg: f"{_A}.hybrid_engine=false with {_A}.rollout.name=hf: the hf rollout generates with the actor's own "
                  "module, which a rollout pool of its own has not; use rollout.name=ember"),

@@ -280,6 +280,38 @@ def _async_errors(cfg: EmberConfig) -> list[str]:
     return errors
 
 
+def _multi_turn_errors(cfg: EmberConfig) -> list[str]:
+    """`rollout.multi_turn`: its sizes, and what the agent loop needs (tools, ember's engine, one rank per replica)."""
+    rollout = cfg.actor_rollout_ref.rollout
+    multi_turn, path = rollout.multi_turn, f"{_ROLLOUT}.multi_turn"
+    if not multi_turn.enable:
+        return []
+    errors = []
+    for name, low in (("max_assistant_turns", 1), ("max_user_turns", 0)):
+        value = getattr(multi_turn, name)
+        if value is not None and value < low:
+            errors.append(f"{path}.{name}={value}: set at least {low}, or null for no limit")
+    for name in ("max_parallel_calls", "max_tool_response_length"):
+        if getattr(multi_turn, name) < 1:
+            errors.append(f"{path}.{name}={getattr(multi_turn, name)}: set at least 1")
+    if not multi_turn.tool_timeout > 0:
+        errors.append(f"{path}.tool_timeout={multi_turn.tool_timeout}: give a positive number of seconds")
+    if not multi_turn.tool_config_path:
+        errors.append(f"{path}.enable=true needs {path}.tool_config_path (a YAML of tools, verl's format); ember's "
+                      "multi-turn rollouts are tool turns")
+    if rollout.engine != "ember":
+        errors.append(f"{path}.enable=true runs on ember's own engine (its agent loop adds requests between engine "
+                      f"steps); set {_ROLLOUT}.name=ember instead of {rollout.name}")
+    if rollout.tensor_model_parallel_size > 1:
+        errors.append(f"{path}.enable=true with {_ROLLOUT}.tensor_model_parallel_size="
+                      f"{rollout.tensor_model_parallel_size}: the ranks of a split engine would need their tool results "
+                      "at the same engine step; use tensor_model_parallel_size=1")
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        errors.append(f"{path}.enable=true with actor_rollout_ref.hybrid_engine=false is not built yet (the agent loop "
+                      "runs beside the actor); use hybrid_engine=true")
+    return errors
+
+
 def _rl_errors(cfg: EmberConfig) -> list[str]:
     errors = _bound_errors(cfg, _rl_bounds(cfg)) + _logger_package_errors(cfg.trainer.logger)
     world = world_size(cfg.trainer)
@@ -322,7 +354,8 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
     if cfg.algorithm.adv_estimator == "gae" and not critic.enable:
         errors.append("algorithm.adv_estimator=gae needs a critic but critic.enable=false; "
                       "remove critic.enable=false or choose a critic-free estimator such as grpo")
-    errors += _dapo_errors(cfg) + _profiler_errors(cfg) + _rollout_correction_errors(cfg) + _async_errors(cfg)
+    errors += (_dapo_errors(cfg) + _profiler_errors(cfg) + _rollout_correction_errors(cfg) + _async_errors(cfg)
+               + _multi_turn_errors(cfg))
     if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path is None:
         errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (the checkpoint folder to resume from)")
     if cfg.reward_model.enable and cfg.reward_model.model.path is None:

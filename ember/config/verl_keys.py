@@ -133,9 +133,20 @@ RL_VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.model.exclude_modules": VerlKey("LoRA's excluded modules are not supported", None,
                                                        refuse=True),
     "actor_rollout_ref.model.fused_kernel_options": VerlKey("ember's fused log-probs have one implementation"),
-    "actor_rollout_ref.rollout.agent": VerlKey("verl's agent loop; ember generates single-turn"),
-    "actor_rollout_ref.rollout.multi_turn": VerlKey("multi-turn tool rollouts are not in ember", {"enable": False},
-                                                    refuse=True),
+    "actor_rollout_ref.rollout.agent": VerlKey(
+        "verl's agent-loop workers and servers (num_workers, default_agent_loop, custom_async_server: no effect); "
+        "ember's agent loop (rollout.multi_turn) runs in each rollout worker on its own engine, and a custom agent "
+        "loop class (agent_loop_config_path) is not loaded",
+        {"agent_loop_config_path": None}, refuse=True),
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": VerlKey(
+        "interactions (a simulated user answering the model) are not in ember; tools only", None, refuse=True),
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": VerlKey(
+        "ember renders only each new tool turn with the model's chat template and never re-renders the history",
+        False),
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": VerlKey(
+        "ember never re-tokenises the history (each turn's tokens are appended as sampled), so there is nothing to "
+        "check"),
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": VerlKey("rollout.n samples each prompt", None),
     "actor_rollout_ref.rollout.trace": VerlKey("rollout tracing (weave, mlflow) is not in ember", {"backend": None}),
     "actor_rollout_ref.rollout.profiler": _PROFILER,
     "actor_rollout_ref.rollout.cudagraph_capture_sizes": VerlKey(

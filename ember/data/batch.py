@@ -47,7 +47,8 @@ class Batch:
     position_ids: Tensor = _tensor(SEQUENCE, required=True)
     """[B, P+R] position of each token counted over real tokens only (0 at the first)."""
     response_mask: Tensor = _tensor(RESPONSE, required=True)
-    """[B, R] 1 on response tokens that count (up to and including the first EOS)."""
+    """[B, R] 1 on response tokens that count (up to and including the first EOS; multi-turn: the model's own
+    tokens, not the tool turns', which `attention_mask` covers)."""
 
     rollout_log_probs: Tensor | None = _tensor(RESPONSE)
     """[B, R] log-prob of each response token under the rollout engine's policy."""
@@ -198,6 +199,7 @@ class Batch:
         pad_token_id: int,
         eos_token_ids: int | Collection[int] = (),
         rollout_log_probs: Sequence[Sequence[float]] | None = None,
+        response_masks: Sequence[Sequence[int] | None] | None = None,
         uids: Sequence[str] = (),
         data_sources: Sequence[str] = (),
         ground_truths: Sequence = (),
@@ -208,8 +210,10 @@ class Batch:
         """Pad token-id lists into a Batch: prompts on the left, responses on the right.
 
         A response counts up to and including its first token in `eos_token_ids`; tokens
-        after it are masked out of both `response_mask` and `attention_mask`. P and R
-        default to the longest prompt and response; pass them to pad to fixed lengths.
+        after it are masked out of both `response_mask` and `attention_mask`. A response given a
+        mask in `response_masks` (multi-turn: 1 on model tokens, 0 on tool tokens) is attended
+        whole and counts where its mask is 1. P and R default to the longest prompt and
+        response; pass them to pad to fixed lengths.
         """
         if len(prompt_ids) != len(response_ids):
             raise ValueError(f"{len(prompt_ids)} prompts but {len(response_ids)} responses; "
@@ -224,12 +228,22 @@ class Batch:
         batch_size = len(prompt_ids)
         input_ids = torch.full((batch_size, prompt_length + response_length), pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros_like(input_ids)
-        for i, (prompt, response) in enumerate(zip(prompt_ids, response_ids)):
+        masks = response_masks if response_masks is not None else [None] * batch_size
+        if len(masks) != batch_size:
+            raise ValueError(f"{len(masks)} response masks for {batch_size} responses; give one (or None) per response")
+        for i, (prompt, response, mask) in enumerate(zip(prompt_ids, response_ids, masks)):
             input_ids[i, prompt_length - len(prompt):prompt_length] = torch.tensor(prompt, dtype=torch.long)
             input_ids[i, prompt_length:prompt_length + len(response)] = torch.tensor(response, dtype=torch.long)
             attention_mask[i, prompt_length - len(prompt):prompt_length] = 1
-            attention_mask[i, prompt_length:prompt_length + _counted_length(response, stop_ids)] = 1
+            attended = len(response) if mask is not None else _counted_length(response, stop_ids)
+            attention_mask[i, prompt_length:prompt_length + attended] = 1
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+        response_mask = attention_mask[:, prompt_length:].clone()
+        for i, mask in enumerate(masks):
+            if mask is not None:
+                if len(mask) != len(response_ids[i]):
+                    raise ValueError(f"response {i} has {len(response_ids[i])} tokens but a mask of {len(mask)}")
+                response_mask[i, :len(mask)] = torch.tensor(mask, dtype=response_mask.dtype)
         log_probs = None
         if rollout_log_probs is not None:
             log_probs = torch.zeros(batch_size, response_length, dtype=torch.float32)
@@ -239,7 +253,7 @@ class Batch:
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            response_mask=attention_mask[:, prompt_length:].clone(),
+            response_mask=response_mask,
             rollout_log_probs=log_probs,
             uids=list(uids),
             data_sources=list(data_sources),

@@ -11,9 +11,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ember.rollout.base import Injection, RolloutEngine, RolloutOutput, SamplingParams
+from ember.rollout.base import AgentStats, Injection, RolloutEngine, RolloutOutput, SamplingParams
 
-__all__ = ["HFRollout", "Injection", "RolloutEngine", "RolloutOutput", "SamplingParams", "build_rollout"]
+__all__ = ["AgentStats", "HFRollout", "Injection", "RolloutEngine", "RolloutOutput", "SamplingParams", "build_rollout"]
 
 _EXTERNAL_ENGINES = ("vllm", "sglang")
 

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from torch import Tensor
 
 from ember.inference.request import INJECTION_MODES, Injection, SamplingParams
 
-__all__ = ["INJECTION_MODES", "FinishReason", "Injection", "RolloutEngine", "RolloutOutput", "SamplingParams"]
+__all__ = ["INJECTION_MODES", "AgentStats", "FinishReason", "Injection", "RolloutEngine", "RolloutOutput", "SamplingParams"]
 
 FinishReason = Literal["stop", "length"]
 
@@ -44,6 +44,27 @@ class RolloutOutput:
     policy_version: int = 0
     """The version of the weights that generated it (the training step whose update made them; 0: the
     weights loaded at the start), stamped by the rollout role."""
+    response_mask: list[int] | None = None
+    """Multi-turn: 1 on each token the model sampled, 0 on tool and template tokens (their log-probs are 0);
+    None: every token is the model's, up to and including its first stop token."""
+    agent: AgentStats | None = None
+    """Multi-turn: what the sample's agent loop did."""
+
+
+@dataclass
+class AgentStats:
+    """One multi-turn sample's turns and tool calls (`ember/agent/loop.py`)."""
+
+    assistant_turns: int = 0
+    tool_turns: int = 0
+    tool_calls: int = 0
+    """Calls run (at most multi_turn.max_parallel_calls per turn)."""
+    tool_errors: int = 0
+    """Calls (and end-of-sample calc_reward/release calls) that raised, timed out, or named no tool."""
+    malformed_tool_calls: int = 0
+    """<tool_call> blocks that did not parse (not run)."""
+    tool_rewards: dict[str, float] = field(default_factory=dict)
+    """Each tool's calc_reward for the sample, by tool name."""
 
 
 class RolloutEngine(ABC):

@@ -12,7 +12,7 @@ from ember.algorithms import scores_to_token_rewards
 from ember.data.batch import Batch
 from ember.data.rl_dataset import PromptSample
 from ember.rewards import RewardItem, RewardManager
-from ember.rollout import RolloutEngine, RolloutOutput, SamplingParams
+from ember.rollout import AgentStats, RolloutEngine, RolloutOutput, SamplingParams
 
 
 @dataclass
@@ -20,14 +20,16 @@ class Experience:
     """A generated batch with its decoded responses."""
 
     batch: Batch
-    responses: list[str]
+    responses: list[str]  # the whole response (multi-turn: tool turns included), as the reward reads it
     prompts: list[PromptSample]  # one per sample (each prompt repeated n times)
+    agent_stats: list[AgentStats] | None = None  # multi-turn: each sample's turns and tool calls
 
 
 def generate_experience(rollout: RolloutEngine, prompts: list[PromptSample], sampling: SamplingParams,
                         tokenizer, eos_token_ids: list[int], uid_prefix: str) -> Experience:
     """Samples `sampling.n` responses per prompt; samples of one prompt share a uid (its GRPO group)."""
-    outputs = rollout.generate([prompt.prompt_ids for prompt in prompts], sampling)
+    outputs = rollout.generate([prompt.prompt_ids for prompt in prompts], sampling,
+                               extra_infos=[prompt.extra_info for prompt in prompts])
     return build_experience(prompts, outputs, tokenizer, eos_token_ids, uid_prefix)
 
 
@@ -35,20 +37,25 @@ def build_experience(prompts: list[PromptSample], outputs: list[RolloutOutput], 
                      uid_prefix: str) -> Experience:
     """The Batch and decoded responses of a rollout's `outputs` for `prompts` (`generate_experience`)."""
     per_sample = [prompts[output.prompt_index] for output in outputs]
+    agent_stats = [output.agent for output in outputs] if outputs and outputs[0].agent is not None else None
+    extra_infos = [prompt.extra_info for prompt in per_sample]
+    if agent_stats is not None:  # each tool's calc_reward, for rewards that read it (verl's reward_scores)
+        extra_infos = [{**extra, "tool_rewards": stats.tool_rewards} for extra, stats in zip(extra_infos, agent_stats)]
     batch = Batch.from_rollout(
         [prompt.prompt_ids for prompt in per_sample], [output.token_ids for output in outputs],
         pad_token_id=tokenizer.pad_token_id, eos_token_ids=eos_token_ids,
         rollout_log_probs=[output.log_probs for output in outputs],
+        response_masks=[output.response_mask for output in outputs],
         uids=[f"{uid_prefix}-{output.prompt_index}" for output in outputs],
         data_sources=[prompt.data_source for prompt in per_sample],
         ground_truths=[prompt.ground_truth for prompt in per_sample],
-        extra_infos=[prompt.extra_info for prompt in per_sample])
+        extra_infos=extra_infos)
     batch.policy_versions = torch.tensor([output.policy_version for output in outputs], dtype=torch.int64)
-    # response_mask is each row's prefix up to and including EOS: one host list, cut per row
-    lengths = batch.response_mask.sum(dim=1).tolist()
+    # the response's attended tokens are a prefix of each row (up to EOS; multi-turn: every turn): one host list
+    lengths = batch.attention_mask[:, batch.prompt_length:].sum(dim=1).tolist()
     responses = tokenizer.batch_decode([row[:int(length)] for row, length in zip(batch.responses.tolist(), lengths)],
                                        skip_special_tokens=True)
-    return Experience(batch=batch, responses=responses, prompts=per_sample)
+    return Experience(batch=batch, responses=responses, prompts=per_sample, agent_stats=agent_stats)
 
 
 @dataclass

@@ -71,3 +71,18 @@ def staleness_metrics(batch: Batch, trained_version: int) -> dict[str, float]:
     lag = (trained_version - batch.policy_versions).float()
     return {"rollout/staleness/mean": lag.mean().item(), "rollout/staleness/max": lag.max().item(),
             "rollout/policy_version/min": float(batch.policy_versions.min())}
+
+
+def compute_agent_metrics(stats: list, batch: Batch) -> dict[str, float]:
+    """Multi-turn rollouts (`AgentStats` per sample): turns per sample, tool calls and failures of the step,
+    and response tokens by kind (the model's, counted by response_mask, and the tool turns')."""
+    model_tokens = batch.response_mask.sum(-1).float()
+    tool_tokens = batch.attention_mask[:, batch.prompt_length:].sum(-1).float() - model_tokens
+    metrics = {**_stats("agent/assistant_turns", torch.tensor([s.assistant_turns for s in stats])),
+               **_stats("agent/tool_turns", torch.tensor([s.tool_turns for s in stats])),
+               **_stats("agent/model_tokens", model_tokens), **_stats("agent/tool_tokens", tool_tokens)}
+    for name in ("tool_calls", "tool_errors", "malformed_tool_calls"):
+        metrics[f"agent/{name}"] = float(sum(getattr(s, name) for s in stats))
+    metrics["agent/model_tokens/total"] = model_tokens.sum().item()
+    metrics["agent/tool_tokens/total"] = tool_tokens.sum().item()
+    return metrics

@@ -15,6 +15,7 @@ import os
 
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
+from ember.agent import AgentLoop, AgentOptions, load_tools
 from ember.algorithms import ClipConfig
 from ember.config import ConfigError
 from ember.config.schema import EmberConfig
@@ -192,6 +193,20 @@ def import_external_libs(cfg: EmberConfig) -> None:
                 raise ConfigError(f"{key}={module} cannot be imported ({error}); install it or fix the name") from None
 
 
+def build_agent_loop(rollout_cfg, rollout, tokenizer) -> AgentLoop | None:
+    """rollout.multi_turn: the agent loop on the rollout's engine (ember's; validation refuses others), with the
+    tools of its tool config; None when multi_turn is off."""
+    multi_turn = rollout_cfg.multi_turn
+    if not multi_turn.enable:
+        return None
+    options = AgentOptions(max_assistant_turns=multi_turn.max_assistant_turns, max_user_turns=multi_turn.max_user_turns,
+                           max_parallel_calls=multi_turn.max_parallel_calls,
+                           max_tool_response_length=multi_turn.max_tool_response_length,
+                           tool_response_truncate_side=multi_turn.tool_response_truncate_side,
+                           tool_timeout=multi_turn.tool_timeout)
+    return AgentLoop(rollout.engine, tokenizer, load_tools(multi_turn.tool_config_path), options)
+
+
 def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int) -> dict[str, object]:
     """The roles one process holds (see `rank_worker.py`), each sized for its engine's data-parallel share
     (`rank_share`): "actor" (with "rollout" beside it, or with `hybrid_engine=false` the "weight_sender" that
@@ -280,7 +295,8 @@ def build_policy_rollout(cfg: EmberConfig, total_steps: int, actor: Actor | None
     noise = run_noise_injection(cfg, total_steps)
     if name == "ember" and actor_engine.syncs_live_parameters and noise is None:
         engine.share_training_weights()  # the actor's tensors themselves become the engine's weights
-    return PolicyRollout(engine, actor, free_cache_engine=rollout_cfg.free_cache_engine, noise=noise)
+    return PolicyRollout(engine, actor, free_cache_engine=rollout_cfg.free_cache_engine, noise=noise,
+                         agent_loop=build_agent_loop(rollout_cfg, engine, tokenizer))
 
 
 def rank_share(samples: int, engine: TrainEngine, what: str) -> int:

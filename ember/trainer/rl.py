@@ -33,7 +33,8 @@ from ember.trainer.experience import Experience, Scores, generate_experience, sc
 from ember.trainer.experiment_trackers import TrackedRun
 from ember.trainer.faults import BadStepGuard, BadStepsError, StopRequest
 from ember.trainer.loggers import MetricLogger
-from ember.trainer.metrics import compute_data_metrics, compute_timing_metrics, staleness_metrics, timed
+from ember.trainer.metrics import (compute_agent_metrics, compute_data_metrics, compute_timing_metrics,
+                                   staleness_metrics, timed)
 from ember.trainer.one_step_off import InFlightGeneration
 from ember.trainer.rank_setup import use_configured_device
 from ember.trainer.rl_setup import RLComponents, build_components
@@ -198,6 +199,8 @@ class RLTrainer:
         as_generated = replace(batch, response_mask=generated_mask)  # lengths before rollout correction's rejection
         metrics.update(compute_data_metrics(as_generated, cfg.data.max_response_length,
                                             parts.critic is not None and self.critic_gives_values))
+        if experience.agent_stats is not None:
+            metrics.update(compute_agent_metrics(experience.agent_stats, experience.batch))
         metrics.update(compute_timing_metrics(timings, batch))
         metrics.update(staleness_metrics(batch, trained_version))
         if "weight_sync" in timings:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from transformers import AutoConfig, PreTrainedTokenizerBase
 
+from ember.agent import load_tools
 from ember.config import ConfigError
 from ember.config.schema import EmberConfig
 from ember.data.prompt_loader import PromptLoader
@@ -202,11 +203,23 @@ def checkpointed_models(cfg: EmberConfig) -> list[CheckpointedModel]:
     return models
 
 
-def build_dataset(files, tokenizer, cfg: EmberConfig) -> RLDataset:
+def build_dataset(files, tokenizer, cfg: EmberConfig, tool_schemas: list[dict] | None = None) -> RLDataset:
+    """The prompts of `files`; with `tool_schemas` (multi-turn) the chat template renders the tools into each
+    prompt, as verl's agent loop does (`apply_chat_template(..., tools=...)`)."""
     data = cfg.data
     return RLDataset(files, tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                      filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
-                     return_raw_chat=data.return_raw_chat, reward_fn_key=data.reward_fn_key)
+                     return_raw_chat=data.return_raw_chat, reward_fn_key=data.reward_fn_key,
+                     apply_chat_template_kwargs={"tools": tool_schemas} if tool_schemas else None)
+
+
+def tool_schemas(cfg: EmberConfig) -> list[dict] | None:
+    """rollout.multi_turn: the schemas of the configured tools (loading them here stops a bad tool config before
+    any model is built); None when multi_turn is off."""
+    multi_turn = cfg.actor_rollout_ref.rollout.multi_turn
+    if not multi_turn.enable:
+        return None
+    return [tool.get_openai_tool_schema() for tool in load_tools(multi_turn.tool_config_path).values()]
 
 
 def prompts_per_round(cfg: EmberConfig) -> int:
@@ -310,9 +323,10 @@ def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLCompone
     arr = cfg.actor_rollout_ref
     with startup.phase("data"):
         tokenizer = load_tokenizer(cfg)
-        train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg)
+        tools = tool_schemas(cfg)
+        train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg, tools)
         train_loader = PromptLoader(train_dataset, prompts_per_round(cfg), shuffle=cfg.data.shuffle, seed=cfg.data.seed)
-        val_dataset = build_dataset(cfg.data.val_files, tokenizer, cfg) if cfg.data.val_files else None
+        val_dataset = build_dataset(cfg.data.val_files, tokenizer, cfg, tools) if cfg.data.val_files else None
     total_steps = total_training_steps(cfg, len(train_loader))
     warn_overridden_settings(cfg, total_steps)
     with startup.phase("roles"):

@@ -227,17 +227,21 @@ class RolloutGroup(RoleGroup):
         return {"seconds": sent["seconds"], "gb": sent["bytes"] / 2**30}
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams,
-                 injections: list[Injection | None] | None = None) -> list[RolloutOutput]:
-        """Samples grouped by prompt; NLA's `injections` (one per prompt) travel with each rank's prompts."""
-        return self.start_generate(prompts, sampling, injections).wait()
+                 injections: list[Injection | None] | None = None,
+                 extra_infos: list[dict] | None = None) -> list[RolloutOutput]:
+        """Samples grouped by prompt; NLA's `injections` and the agent loop's `extra_infos` (one per prompt)
+        travel with each rank's prompts."""
+        return self.start_generate(prompts, sampling, injections, extra_infos).wait()
 
     def start_generate(self, prompts: list[list[int]], sampling: SamplingParams,
-                       injections: list[Injection | None] | None = None) -> Pending:
+                       injections: list[Injection | None] | None = None,
+                       extra_infos: list[dict] | None = None) -> Pending:
         """`generate`, started: its `wait()` returns the samples (meanwhile the driver may drive other pools)."""
         bounds = [len(prompts) * dp_rank // self.dp_size for dp_rank in range(self.dp_size + 1)]
         per_share = [(self.role, "generate", prompts[start:end],
                       replace(sampling, first_prompt_index=sampling.first_prompt_index + start),
-                      None if injections is None else injections[start:end])
+                      None if injections is None else injections[start:end],
+                      None if extra_infos is None else extra_infos[start:end])
                      for start, end in zip(bounds, bounds[1:])]
         pending = self._start_by_layout("call", per_share)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 
+from ember.agent import AgentLoop
 from ember.distributed.device import rank, world_size
 from ember.distributed.weight_transfer import TensorSpec, WeightTransfer
 from ember.engines.base import DataLayout
@@ -35,11 +36,14 @@ class PolicyRollout:
     """Generation with the actor's current weights; see the module docstring."""
 
     def __init__(self, rollout: RolloutEngine, actor: Actor | None, free_cache_engine: bool,
-                 noise: NoiseInjection | None = None, weight_timeout_s: float = 600.0):
+                 noise: NoiseInjection | None = None, weight_timeout_s: float = 600.0,
+                 agent_loop: AgentLoop | None = None):
         if noise is not None and rollout.shares_training_weights:
             raise ValueError("noise injection needs a rollout engine with its own copy of the weights "
                              "(rollout.name=ember), not one that generates with the actor's module")
         self.rollout = rollout
+        self.agent_loop = agent_loop
+        """rollout.multi_turn: the agent loop that generates on `rollout`'s engine instead of its `generate`."""
         self.actor = actor
         self.free_cache_engine = free_cache_engine
         self.noise = noise
@@ -64,14 +68,21 @@ class PolicyRollout:
         self.noise_step = step if self.noise is not None else None
 
     def generate(self, prompts: list[list[int]], sampling: SamplingParams,
-                 injections: list[Injection | None] | None = None) -> list[RolloutOutput]:
+                 injections: list[Injection | None] | None = None,
+                 extra_infos: list[dict] | None = None) -> list[RolloutOutput]:
         """Responses to `prompts` (this rank's share, possibly none: the weight sync still takes part);
-        NLA's `injections`, one per prompt, go to the engine with them."""
+        NLA's `injections`, one per prompt, go to the engine with them. With an agent loop the samples are
+        multi-turn trajectories, and `extra_infos` (one per prompt) carry their tools' `tools_kwargs`."""
         self.prepare()
         if not prompts:
             return []
-        with self._generating():
-            outputs = self.rollout.generate(prompts, sampling, injections)
+        if self.agent_loop is not None:
+            if injections is not None and any(injection is not None for injection in injections):
+                raise ValueError("multi-turn rollouts do not inject vectors (NLA); turn off rollout.multi_turn")
+            outputs = self.agent_loop.generate(prompts, sampling, extra_infos)
+        else:
+            with self._generating():
+                outputs = self.rollout.generate(prompts, sampling, injections)
         for output in outputs:
             output.policy_version = self.policy_version
         return outputs

@@ -26,7 +26,8 @@ def test_defaults_need_nothing_unimplemented():
     ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"], "ulysses_sequence_parallel_size=2"),
     ([f"{A}.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2", f"{A}.rollout.name=hf"],
      f"{A}.rollout.tensor_model_parallel_size=2 with {A}.rollout.name=hf: the hf rollout generates with the actor's"),
-    ([f"{A}.rollout.mode=async"], f"{A}.rollout.mode=async (a rollout server for agent loops) is not implemented yet"),
+    ([f"{A}.rollout.mode=async"], f"{A}.rollout.mode=async without multi_turn.enable (a rollout server for single-turn "
+                                  "agent loops) is not implemented yet"),
     ([f"{A}.hybrid_engine=false", f"{A}.rollout.name=hf"],
      f"{A}.hybrid_engine=false with {A}.rollout.name=hf: the hf rollout generates with the actor's own module"),
     ([f"{A}.hybrid_engine=false", "async_training.mode=one_step_off", "algorithm.filter_groups.enable=true",

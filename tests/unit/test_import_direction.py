@@ -15,6 +15,8 @@ EMBER = Path(ember.__file__).parent
 LOWER_NEVER_IMPORTS_UPPER = [
     ("inference", "ember.rollout"),  # the rollout package wraps the engine; the engine's request records are its own
     ("trainer", "ember.nla"),  # NLA's trainers build on the trainer's loops
+    ("inference", "ember.agent"),  # the agent loop drives the engine
+    ("rollout", "ember.agent"),  # the agent loop returns the rollout's records
 ]
 
 

@@ -64,8 +64,8 @@ def test_a_verl_key_without_effect_is_named_once_when_it_departs_from_verls_defa
 def test_a_verl_key_ember_would_silently_run_otherwise_is_refused():
     with pytest.raises(ConfigError, match=r"algorithm.use_pf_ppo=True .*PF-PPO"):
         fork_file("runs/qwen_7b/rl_grpo", ["algorithm.use_pf_ppo=true"])
-    with pytest.raises(ConfigError, match=r"actor_rollout_ref.rollout.multi_turn=\{'enable': True\}"):
-        fork_file("runs/qwen_7b/rl_grpo", [f"{A}.rollout.multi_turn.enable=true"])
+    with pytest.raises(ConfigError, match=r"multi_turn.interaction_config_path='x.yaml' .*interactions"):
+        fork_file("runs/qwen_7b/rl_grpo", [f"{A}.rollout.multi_turn.interaction_config_path=x.yaml"])
 
 
 def test_unknown_keys_are_still_errors_beside_verls(tmp_path):

@@ -28,6 +28,31 @@ class ValidationSamplingConfig:
     do_sample: bool = field_(False, "sample; false = greedy decoding")
 
 
+ToolResponseTruncateSide = Literal["left", "right", "middle"]
+
+
+@dataclass
+class MultiTurnConfig:
+    """Multi-turn rollouts with tools (verl's `rollout.multi_turn`): the agent loop of `ember/agent/`."""
+
+    enable: bool = field_(
+        False, "generate each sample as turns: the model's turn, its tool calls run, their responses appended as "
+               "tokens, the model's next turn; needs tool_config_path and rollout.name=ember")
+    max_assistant_turns: int | None = field_(None, "most model turns per sample; null = until response_length")
+    max_user_turns: int | None = field_(
+        None, "most tool-response turns per sample (verl counts tool turns as user turns); null = no limit")
+    tool_config_path: str | None = field_(
+        None, "YAML of the tools (verl's format: tools: [{class_name, config, tool_schema}])")
+    max_parallel_calls: int = field_(1, "tool calls of one model turn that run; later calls of the turn are dropped")
+    max_tool_response_length: int = field_(256, "characters of a tool's response kept (cut at tool_response_truncate_side)")
+    tool_response_truncate_side: ToolResponseTruncateSide = field_(
+        "middle", "which part of a long tool response is cut: left keeps the start, right the end, middle both ends")
+    format: Literal["hermes"] = field_(
+        "hermes", "tool-call format the model writes: hermes = <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>")
+    tool_timeout: float = field_(
+        30.0, "ember: seconds one tool call (create + execute) may take before it counts as a failed call")
+
+
 @dataclass
 class RolloutConfig:
     """Generation engine and sampling for training rollouts."""
@@ -40,7 +65,9 @@ class RolloutConfig:
         False, "true: a name of an engine ember does not ship (vllm, sglang) stops the run instead of running on "
                "ember's own engine")
     mode: Literal["sync", "async"] = field_(
-        "sync", "sync generates a whole batch at once; async serves requests from agent loops")
+        "sync", "verl: sync generates in the trainer's workers, async through a rollout server for agent loops; ember "
+                "generates in its workers either way, and async is accepted with multi_turn.enable (ember's agent loop "
+                "always keeps other samples generating while a sample's tools run)")
     temperature: float = field_(1.0, "sampling temperature")
     top_k: int = field_(-1, "sample from the k most likely tokens; -1 = no limit")
     top_p: float = field_(1.0, "nucleus sampling probability mass")
@@ -80,6 +107,7 @@ class RolloutConfig:
     engine_kwargs: dict[str, Any] = field_(
         {"vllm": {}, "sglang": {}}, "extra arguments per external engine (engine_kwargs.vllm.*, engine_kwargs.sglang.*)")
     val_kwargs: ValidationSamplingConfig = section(ValidationSamplingConfig, "sampling for validation")
+    multi_turn: MultiTurnConfig = section(MultiTurnConfig, "multi-turn rollouts with tools")
 
     @property
     def engine(self) -> str:
