@@ -114,3 +114,22 @@ def test_a_multi_turn_batch_attends_every_turn_and_counts_only_the_models_tokens
     single = Batch.from_rollout([[1, 2]], [[5, eos, 7]], pad_token_id=0, eos_token_ids=[eos])
     assert single.response_mask[0].tolist() == single.attention_mask[0, 2:].tolist() == [1, 1, 0]
     assert torch.equal(batch.position_ids[0, :8], torch.arange(8))
+
+
+def test_the_calculator_evaluates_arithmetic_and_nothing_else(tmp_path):
+    config = tmp_path / "tools.yaml"
+    config.write_text("tools:\n  - class_name: ember.agent.tools.calculator.CalculatorTool\n    config: {}\n"
+                      "    tool_schema:\n      type: function\n      function:\n        name: calculator\n"
+                      "        parameters: {type: object, properties: {expression: {type: string}}}\n")
+    (tool,) = load_tools(str(config)).values()
+
+    def answer(expression):
+        response, reward, _ = asyncio.run(tool.execute("i", {"expression": expression}))
+        return response.text
+
+    assert answer("347 * 586") == "203342" and answer("-(2 + 3) ** 2 / 5") == "-5" and answer("7 / 2") == "3.5"
+    assert answer("__import__('os').system('true')").startswith("Error: only numbers")
+    assert answer("(1).__class__").startswith("Error: only numbers")
+    assert answer("9 ** 9 ** 9").startswith("Error: exponent")
+    assert answer("1 / 0").startswith("Error") and answer("2 +").startswith("Error")
+    assert asyncio.run(tool.execute("i", {}))[0].text.startswith("Error: give")
