@@ -64,6 +64,7 @@ _FSDP_ENGINE = {
     "forward_only": VerlKey(_NEW_WORKERS, False),
     "strategy": VerlKey(_NEW_WORKERS + " (its strategy)"),
     "use_orig_params": VerlKey("ember's FSDP2 always keeps the original parameters", False),
+    "seed": VerlKey("every role is seeded from trainer.seed"),
     "use_torch_compile": VerlKey(_NEW_WORKERS + " (actor.use_torch_compile)", True),
     "entropy_checkpointing": VerlKey(_NEW_WORKERS, False),
     "entropy_from_logits_with_chunking": VerlKey(_NEW_WORKERS, False),

@@ -18,7 +18,7 @@ from typing import Any
 from ember.config.verl_keys import VerlKey
 
 _FSDP_FIELDS = ("param_offload", "optimizer_offload", "offload_policy", "reshard_after_forward", "fsdp_size",
-                "forward_prefetch", "model_dtype", "wrap_policy")
+                "forward_prefetch", "model_dtype", "wrap_policy", "full_determinism")
 
 SFT_ENGINE_ALIASES: dict[str, str] = {
     "model.path": "model.partial_pretrain",
@@ -47,7 +47,6 @@ SFT_ENGINE_VERL_KEYS: dict[str, VerlKey] = {
     "model.mtp": VerlKey("multi-token prediction is not built", {"enable": False}, refuse=True),
     "engine.use_orig_params": VerlKey("an FSDP1 setting; ember shards with FSDP2"),
     "engine.seed": VerlKey("ember sft seeds from trainer.seed"),
-    "engine.full_determinism": VerlKey("verl's deterministic kernels switch is not built", False, refuse=True),
     "engine.dtype": VerlKey("ember computes in model.dtype (auto: bfloat16 on a GPU, float32 on CPU)", "bfloat16",
                             refuse=True),
     "engine.use_torch_compile": VerlKey("ember sft runs the model uncompiled"),

@@ -42,7 +42,7 @@ def test_the_newer_forms_command_line_keys_reach_the_same_fields():
 
 @pytest.mark.parametrize("override, message", [
     ("optim.warmup_style=cosine", "optim.warmup_style='cosine'.*write optim.lr_scheduler_type"),
-    ("engine.full_determinism=true", "engine.full_determinism=True.*not built"),
+    ("model.mtp={enable: true}", "model.mtp=.*multi-token prediction"),
     ("data.train_max_samples=100", "data.train_max_samples=100.*every row of train_files"),
     ("optim.min_lr_ratio=0.1", "optim.min_lr_ratio=0.1.*decays to 0"),
     ("model.override_config={attention_dropout: 0.1}", "model.override_config="),
@@ -63,3 +63,12 @@ def test_the_built_in_base_of_that_name_carries_its_values():
     cfg = load_config(["model.path=/models/m"], config_name="sft_trainer_engine", schema=SFTConfig)
     assert cfg.model.partial_pretrain == "/models/m" and cfg.use_remove_padding and cfg.data.use_dynamic_bsz
     assert cfg.optim.lr == 1e-3 and cfg.optim.lr_scheduler == "constant" and cfg.optim.betas == [0.9, 0.999]
+
+
+def test_full_determinism_reaches_the_fsdp_settings_in_both_forms():
+    from ember.config import EmberConfig
+
+    assert verl_file("engine.full_determinism=true").model.fsdp_config.full_determinism
+    rl = load_config(["actor_rollout_ref.actor.fsdp_config.full_determinism=true",
+                      "actor_rollout_ref.actor.fsdp_config.seed=7"], schema=EmberConfig)
+    assert rl.actor_rollout_ref.actor.fsdp_config.full_determinism  # verl's seed key: accepted (trainer.seed seeds)
