@@ -87,6 +87,16 @@ class ConfigTree:
             (self.verl_refusals if entry.refuse else self.verl_notes)[key] = text
         return True
 
+    def _names_only_other_keys(self, parts: tuple[str, ...]) -> bool:
+        """`parts` is no key of the schema but the head of aliases or verl keys (a section verl has and ember
+        spells otherwise): its entries are assigned one by one."""
+        try:
+            locate(self.schema, parts)
+            return False
+        except UnknownKey:
+            head = ".".join(parts) + "."
+            return any(key.startswith(head) for key in (*self.aliases, *self.verl_keys))
+
     def locate(self, parts: tuple[str, ...], source: str | None = None) -> KeyLocation:
         """What `parts` names in the schema; an unknown key raises ConfigError with suggestions."""
         try:
@@ -106,6 +116,10 @@ class ConfigTree:
         """Set the key `parts` to `value`; a mapping given for a section or free-form mapping is merged into it."""
         parts = rewrite_alias(self.aliases, parts)
         if self.take_verl_key(parts, value, source):
+            return
+        if isinstance(value, dict) and self._names_only_other_keys(parts):  # verl's `engine:` of sft_trainer_engine
+            for key, item in value.items():
+                self.assign(parts + (str(key),), item, source)
             return
         location = self.locate(parts, source)
         nested = section_class(location.annotation) if location.free_form_depth is None else None

@@ -29,7 +29,7 @@ class VerlKey:
     """A key of verl's (or the NLA fork's) config files without an ember field.
 
     `default` is verl's default: for a mapping-valued key, a mapping of the entries that
-    matter (others are ignored), compared entry by entry."""
+    matter (others are ignored), compared entry by entry; an empty mapping when every entry matters."""
 
     reason: str
     default: Any = ANY
@@ -41,6 +41,8 @@ class VerlKey:
         if self.default is ANY or _points_elsewhere(value):
             return None
         if isinstance(self.default, dict) and isinstance(value, dict):
+            if not self.default:  # an empty mapping by default: any entry departs from it
+                return value or None
             differing = {name: value[name] for name, wanted in self.default.items()
                          if name in value and value[name] != wanted and not _points_elsewhere(value[name])}
             return differing or None
@@ -62,6 +64,7 @@ _FSDP_ENGINE = {
     "forward_only": VerlKey(_NEW_WORKERS, False),
     "strategy": VerlKey(_NEW_WORKERS + " (its strategy)"),
     "use_orig_params": VerlKey("ember's FSDP2 always keeps the original parameters", False),
+    "seed": VerlKey("every role is seeded from trainer.seed"),
     "use_torch_compile": VerlKey(_NEW_WORKERS + " (actor.use_torch_compile)", True),
     "entropy_checkpointing": VerlKey(_NEW_WORKERS, False),
     "entropy_from_logits_with_chunking": VerlKey(_NEW_WORKERS, False),
@@ -79,7 +82,9 @@ _MEGATRON_OPTIM = {
     "lr_wsd_decay_steps": VerlKey("WSD schedules only (lr_decay_style WSD, refused)"),
     "lr_wsd_decay_style": VerlKey("WSD schedules only (lr_decay_style WSD, refused)"),
     "weight_decay_incr_style": VerlKey("weight decay stays constant", "constant", refuse=True),
-    "override_optimizer_config": VerlKey("megatron-core optimizer fields are not passed through", {}, refuse=True),
+    "override_optimizer_config": VerlKey(  # noted, not refused: the fork's 30B file asks for CPU optimizer offload
+        "megatron-core optimizer fields are not passed through: ember's optimizer keeps fp32 state on the GPU "
+        "(use optimizer_offload to move it to CPU between steps)", {}),
     "use_checkpoint_opt_param_scheduler": VerlKey("the schedule is ember's own, saved with the checkpoint", False),
 }
 _ROLE = {

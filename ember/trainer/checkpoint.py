@@ -12,6 +12,7 @@ the step it resumed from, never another run's. What a resume does with the check
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -81,7 +82,14 @@ class CheckpointManager:
             shutil.rmtree(tmp, ignore_errors=True)
             os.makedirs(tmp)
         barrier()
-        write(tmp)
+        try:
+            write(tmp)
+        except Exception as error:
+            if not _out_of_space(error):
+                raise
+            if self.is_writer:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise self._space_error(step) from error
         barrier()
         if self.is_writer:
             shutil.rmtree(final, ignore_errors=True)
@@ -92,6 +100,15 @@ class CheckpointManager:
             self._prune()
         barrier()
         return final
+
+    def _space_error(self, step: int) -> CheckpointError:
+        free = shutil.disk_usage(self.root).free / 2**30
+        kept = list_checkpoints(self.root)
+        where = (f"the checkpoints before it are intact (newest: {os.path.basename(kept[-1][1])}); run again to resume "
+                 "from it" if kept else "no earlier checkpoint of this folder exists")
+        return CheckpointError(f"no space left on the device of {self.root} while saving {step_dir_name(step)} "
+                               f"({free:.1f} GiB free now; its partial folder was removed); {where} after freeing space "
+                               "or pointing trainer.default_local_dir at a larger disk")
 
     def _prune(self) -> None:
         """Deletes the run's own checkpoints but the newest `keep`."""
@@ -113,3 +130,14 @@ class CheckpointManager:
             check_resume_path(resume_from_path)
             return [resume_from_path]
         raise ValueError(f"trainer.resume_mode={resume_mode!r}; valid: auto, disable, resume_path")
+
+
+def _out_of_space(error: BaseException) -> bool:
+    """A full disk, raised here or in a worker process (whose error arrives wrapped, as text)."""
+    while error is not None:
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(error) or "Disk quota exceeded" in str(error):
+            return True
+        error = error.__cause__ or error.__context__
+    return False

@@ -120,7 +120,7 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         use_remove_padding=use_remove_padding, use_fused_kernels=use_fused_kernels,
         reshard_after_forward=fsdp_config.reshard_after_forward, param_offload=fsdp_config.param_offload,
         optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy,
-        compile_layers=compile_layers, use_liger=use_liger, seed=seed, optim=optim or OptimOptions(),
+        full_determinism=fsdp_config.full_determinism, compile_layers=compile_layers, use_liger=use_liger, seed=seed, optim=optim or OptimOptions(),
         override_config=dict(getattr(model_cfg, "override_config", None) or {}),
         trust_remote_code=bool(getattr(model_cfg, "trust_remote_code", False)), **nla))
 
@@ -245,7 +245,8 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
                             clip_ratio_high=actor_cfg.clip_ratio_high, clip_ratio_c=actor_cfg.clip_ratio_c),
             loss_agg_mode=actor_cfg.loss_agg_mode, entropy_coeff=actor_cfg.entropy_coeff,
             use_kl_loss=actor_cfg.use_kl_loss, kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
-            temperature=rollout_cfg.temperature, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed))
+            temperature=rollout_cfg.temperature, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed,
+            loss_scale=1 / n if nla is not None and nla.fork_actor_gradient_scale else 1.0))
         built["actor"] = actor
         if arr.hybrid_engine:
             with timed(seconds, "rollout"):

@@ -49,6 +49,7 @@ class ActorOptions:
     temperature: float
     norm_length: int  # response length used by seq-mean-token-sum-norm
     seed: int
+    loss_scale: float = 1.0  # the loss (and so the gradient) × this: 1/n under nla.fork_actor_gradient_scale
 
 
 class Actor(EngineRole):
@@ -115,4 +116,4 @@ class Actor(EngineRole):
             kl = kl_penalty(log_probs=output.log_probs, ref_log_probs=batch.ref_log_probs, kind=options.kl_loss_type)
             loss = loss + options.kl_loss_coef * aggregate_loss(kl, **aggregation, **counts)
             metrics.update(kl_loss=aggregate_loss(kl.detach(), **aggregation), kl_coef=options.kl_loss_coef)
-        return loss, metrics
+        return loss * options.loss_scale, metrics

@@ -324,3 +324,19 @@ def test_the_root_is_the_only_unit_only_where_its_extra_memory_fits_and_not_unde
     monkeypatch.undo()
     offloaded = FSDPEngine(engine_options(model_dir, param_offload=True, optimizer_offload=True))
     assert all(isinstance(layer, FSDPModule) for layer in offloaded.module().model.layers)
+
+
+def test_full_determinism_turns_on_the_deterministic_kernels_of_the_process(model_dir, monkeypatch):
+    import os
+
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    assert not torch.are_deterministic_algorithms_enabled()
+    try:
+        FSDPEngine(engine_options(model_dir))
+        assert not torch.are_deterministic_algorithms_enabled()  # off unless asked
+        FSDPEngine(engine_options(model_dir, full_determinism=True))
+        assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
+        torch.backends.cudnn.deterministic = False

@@ -134,3 +134,21 @@ def test_nla_eval_runs_during_training_at_the_forks_steps(tmp_path, model_dir):
     assert evaluated == [1, 3]  # step 1, every 10, and the last
     for step in (1, 3):
         assert len((tmp_path / "run" / "nla_eval" / "default" / f"{step}.jsonl").read_text().splitlines()) == 4
+
+
+def test_the_forks_actor_gradient_scale_divides_the_actor_gradient_by_n(tmp_path, model_dir):
+    """nla.fork_actor_gradient_scale: the fork's actor gradient is 1/rollout.n of the mean (docs/nla.md); the
+    samples and their loss are the same, so step 1's grad norm is n times smaller and nothing else moves."""
+    train = write_parquet(rows(), tmp_path / "rl_train_layer1.parquet")
+    lines = {}
+    for scaled in (False, True):
+        run = tmp_path / f"scaled-{scaled}"
+        overrides = [*run_overrides(run, model_dir, train, steps=1), f"nla.fork_actor_gradient_scale={scaled}",
+                     "trainer.save_freq=-1", "actor_rollout_ref.actor.grad_clip=1e9"]
+        assert nla("train", "runs/qwen_7b/rl_grpo", *overrides) == 0
+        lines[scaled] = metric_lines(run / "run")[0]
+    n = 4  # run_overrides' rollout.n
+    assert lines[True]["actor/grad_norm"] == pytest.approx(lines[False]["actor/grad_norm"] / n, rel=1e-4)
+    assert lines[True]["actor/grad_norm"] > 0
+    for key in ("actor/pg_loss", "critic/critic_loss", "critic/grad_norm"):
+        assert lines[True][key] == pytest.approx(lines[False][key], rel=1e-5, abs=1e-7), key

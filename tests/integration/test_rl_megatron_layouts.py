@@ -86,9 +86,11 @@ def grpo_one_rank(inputs, tmp_path_factory, megatron_ray):
 
 # Tensor parallelism of the actor is in the PPO and NLA tests below; a plain pipeline (no virtual stages)
 # dispatches as this one does (its schedule is the engine tests' business: test_megatron_parallel_cpu.py).
+# The rollout spans both ranks here (rollout TP=2), so the Megatron stages' weights reach a split engine.
 def test_a_grpo_step_with_pipeline_stages_equals_the_one_rank_step(inputs, tmp_path, grpo_one_rank):
     layout = sizes("actor", pp=2, vpp=2) + sizes("ref", pp=2, vpp=2)
-    assert_same_run(run(inputs, tmp_path, 2, *layout), grpo_one_rank)
+    assert_same_run(run(inputs, tmp_path, 2, *layout, "actor_rollout_ref.rollout.tensor_model_parallel_size=2"),
+                    grpo_one_rank)
 
 
 def test_ppo_with_a_megatron_critic_at_tensor_parallel_2_equals_the_one_rank_step(inputs, tmp_path, megatron_ray):

@@ -3,6 +3,7 @@ exported model, both config dialects, data errors through the command, a diverge
 of checkpoints, exact resume after SIGTERM and SIGKILL, and two torchrun ranks against one process."""
 
 import os
+from pathlib import Path
 import re
 import signal
 import subprocess
@@ -189,6 +190,25 @@ def test_megatron_style_dialect_runs_the_same_as_verl_keys(workspace, tmp_path):
     assert main(["sft", *verl]) == 0 and main(["sft", *megatron]) == 0
     assert train_losses(tmp_path / "verl") == pytest.approx(train_losses(tmp_path / "megatron"), abs=1e-6)
     assert len(train_losses(tmp_path / "verl")) == 3
+
+
+VERL_SFT_ENGINE = str(Path(__file__).resolve().parents[1] / "verl_sft_engine_configs")
+
+
+def test_verls_newer_sft_file_runs_the_same_as_embers_keys(workspace, tmp_path):
+    """verl's sft_trainer_engine.yaml (its groups at the top level) trains as ember's own keys of the same values."""
+    common = ["data.train_batch_size=8", "data.max_length=64", "trainer.total_training_steps=2",
+              "trainer.logger=[console]", "trainer.device=auto", f"data.train_files={workspace['train']}"]
+    verl = ["sft", "--config-path", VERL_SFT_ENGINE, "--config-name", "sft_trainer_engine", *common,
+            f"model.path={workspace['model']}", "optim.lr=1e-2", "engine.model_dtype=fp32",
+            f"trainer.default_local_dir={tmp_path / 'verl'}"]
+    ember = ["sft", *common, f"model.partial_pretrain={workspace['model']}", "optim.lr=1e-2", "optim.betas=[0.9,0.999]",
+             "optim.warmup_steps_ratio=0", "optim.lr_scheduler=constant", "use_remove_padding=true",
+             "data.use_dynamic_bsz=true", "data.max_token_len_per_gpu=8192", "trainer.seed=1",
+             f"trainer.default_local_dir={tmp_path / 'ember'}"]
+    assert main(verl) == 0 and main(ember) == 0
+    assert train_losses(tmp_path / "verl") == pytest.approx(train_losses(tmp_path / "ember"), abs=1e-6)
+    assert len(train_losses(tmp_path / "verl")) == 2
 
 
 def _conversation(*messages):

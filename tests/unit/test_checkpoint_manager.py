@@ -47,3 +47,37 @@ def test_pruning_spares_checkpoints_the_run_did_not_write(tmp_path):
     assert steps(tmp_path) == [2, 3, 6, 7, 8]
     resumed.save(4, write_marker)
     assert steps(tmp_path) == [3, 4, 6, 7, 8]
+
+
+def test_a_full_disk_while_saving_is_a_clean_stop_that_keeps_the_earlier_checkpoints(tmp_path):
+    import errno
+
+    import pytest
+
+    from ember.trainer.checkpoint import CheckpointError
+
+    manager = CheckpointManager(str(tmp_path), keep=None)
+    manager.save(1, write_marker)
+
+    def fill_the_disk(directory):
+        write_marker(directory)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(CheckpointError, match=r"no space left on the device of .* while saving global_step_2 .*"
+                                              r"newest: global_step_1\); run again to resume"):
+        manager.save(2, fill_the_disk)
+    assert steps(tmp_path) == [1] and not (tmp_path / ".global_step_2.tmp").exists()
+    assert (tmp_path / "global_step_1" / "weights").read_text() == "x"
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "1"
+
+    def worker_failed(directory):  # a Ray worker's disk error reaches the driver as text
+        raise RuntimeError("rank 1: OSError: [Errno 28] No space left on device: 'optim.pt'")
+
+    with pytest.raises(CheckpointError, match="no space left"):
+        manager.save(3, worker_failed)
+
+    def other_failure(directory):
+        raise ValueError("a bug")
+
+    with pytest.raises(ValueError, match="a bug"):  # anything else is not a full disk
+        manager.save(4, other_failure)

@@ -22,5 +22,8 @@ class FSDPConfig:
     fsdp_size: int = field_(-1, "GPUs in one sharding group; -1 = all GPUs of the role, smaller = hybrid sharding (HSDP)")
     forward_prefetch: bool = field_(False, "gather the next layer's parameters while the current layer computes")
     model_dtype: DType = field_("fp32", "dtype of the stored (master) parameters")
+    full_determinism: bool = field_(
+        False, "deterministic kernels (torch.use_deterministic_algorithms, a fixed cuBLAS workspace, no cuDNN "
+        "autotuning) for bitwise-repeatable runs; process-wide, slower where an operation needs its deterministic form")
     wrap_policy: dict[str, Any] = field_(
         {"min_num_params": 0}, "which modules become FSDP units (min_num_params, transformer_layer_cls_to_wrap); 0 = each decoder layer")

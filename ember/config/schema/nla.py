@@ -62,6 +62,10 @@ class NLARLSection(NLASection):
     normalized_reward: bool = field_(
         False, "ember's: reward = -MSE / mean(target²) of each sample (scale-free across layers and models) "
         "instead of the fork's -MSE; GRPO's per-group normalisation follows either way")
+    fork_actor_gradient_scale: bool = field_(
+        False, "ember's: scale the actor's loss by 1/rollout.n as the fork's runs do (verl multiplies its "
+        "experience-counted ppo_mini_batch_size by n again), so grad norms and grad_clip match the fork's curves; "
+        "false = the true mean over the mini-batch")
     activation_dim: int | None = field_(None, "the fork's base file; read by nothing (the model's hidden size decides)")
     injection_position: str = field_("manual", "the fork's base file; read by nothing (nla.injection.position decides)")
     injection_mode: str = field_("replace", "the fork's base file; read by nothing (nla.injection.mode decides)")

@@ -17,6 +17,7 @@ from ember.config.schema.megatron import MegatronConfig
 from ember.config.schema.model import AttentionImplementation, ModelDType
 from ember.config.schema.trainer import RunConfig
 from ember.config.verl_keys import SFT_VERL_KEYS, VerlKey
+from ember.config.verl_sft_engine import SFT_ENGINE_ALIASES, SFT_ENGINE_BASE, SFT_ENGINE_VERL_KEYS
 
 
 @dataclass
@@ -101,7 +102,7 @@ class SFTTrainerConfig(RunConfig):
 class SFTConfig:
     """Everything `ember sft` needs."""
 
-    builtin_bases: ClassVar[dict[str, dict[str, Any]]] = {"sft_trainer": {}}
+    builtin_bases: ClassVar[dict[str, dict[str, Any]]] = {"sft_trainer": {}, "sft_trainer_engine": SFT_ENGINE_BASE}
     key_aliases: ClassVar[dict[str, str]] = {
         "training.micro_batch_size_per_gpu": "data.micro_batch_size_per_gpu",
         "training.use_rmpad": "use_remove_padding",
@@ -109,8 +110,9 @@ class SFTConfig:
         "data.messages_key": "data.multiturn.messages_key",
         "model.fsdp_config.cpu_offload": "model.fsdp_config.offload_policy",
         "model.fsdp_config.offload_params": "model.fsdp_config.offload_policy",
+        **SFT_ENGINE_ALIASES,
     }
-    verl_keys: ClassVar[dict[str, VerlKey]] = SFT_VERL_KEYS  # verl's sft_trainer keys without a field here
+    verl_keys: ClassVar[dict[str, VerlKey]] = {**SFT_VERL_KEYS, **SFT_ENGINE_VERL_KEYS}  # verl's keys without a field
 
     data: SFTDataConfig = section(SFTDataConfig, "supervised examples and batch size")
     model: SFTModelConfig = section(SFTModelConfig, "the model being fine-tuned")

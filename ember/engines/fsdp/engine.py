@@ -30,6 +30,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
 
 from ember.data.batch import Batch
+from ember.distributed.determinism import enable_full_determinism
 from ember.distributed.device import current_device, device_type, init_distributed, world_size
 from ember.engines.base import LossFn, MicroBatchSpec, ModelOutput, TrainEngine
 from ember.engines.batching import in_dtype_buckets, join_outputs, loss_context, micro_batches
@@ -82,6 +83,8 @@ class EngineOptions:
     optimizer_offload: bool = False
     """`offload()` moves the optimizer state to CPU memory."""
     offload_policy: bool = False
+    full_determinism: bool = False
+    """Deterministic kernels for this process (`fsdp_config.full_determinism`, distributed/determinism.py)."""
     """FSDP2's CPUOffloadPolicy: shards, gradients and the optimizer step stay in CPU memory at all
     times (each layer is copied to the accelerator to compute); param/optimizer_offload then have
     nothing left to move."""
@@ -136,6 +139,8 @@ class FSDPEngine(TrainEngine):
         self.dp_size = world_size()
         self.dp_rank = dist.get_rank()
         mesh = init_device_mesh(device_type(), (self.dp_size,), mesh_dim_names=("dp",))
+        if options.full_determinism:
+            enable_full_determinism(options.seed)
         torch.manual_seed(options.seed)
         self.model = build_sharded_model(
             options.model_path, mesh, self.device, value_head=options.role == "critic",
