@@ -14,10 +14,12 @@ vectors, say) therefore needs only its declaration here, no new code.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -226,17 +228,27 @@ class Batch:
         response_length = _padded_length(response_ids, response_length, "response_length")
 
         batch_size = len(prompt_ids)
-        input_ids = torch.full((batch_size, prompt_length + response_length), pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
         masks = response_masks if response_masks is not None else [None] * batch_size
         if len(masks) != batch_size:
             raise ValueError(f"{len(masks)} response masks for {batch_size} responses; give one (or None) per response")
-        for i, (prompt, response, mask) in enumerate(zip(prompt_ids, response_ids, masks)):
-            input_ids[i, prompt_length - len(prompt):prompt_length] = torch.tensor(prompt, dtype=torch.long)
-            input_ids[i, prompt_length:prompt_length + len(response)] = torch.tensor(response, dtype=torch.long)
-            attention_mask[i, prompt_length - len(prompt):prompt_length] = 1
-            attended = len(response) if mask is not None else _counted_length(response, stop_ids)
-            attention_mask[i, prompt_length:prompt_length + attended] = 1
+        prompt_lengths = np.array([len(prompt) for prompt in prompt_ids], dtype=np.int64)
+        response_lengths = np.array([len(response) for response in response_ids], dtype=np.int64)
+        columns = np.arange(prompt_length + response_length)
+        # prompts end at column P (left padding), responses start there; one row-major fill of each
+        in_prompt = (columns[None, :] >= prompt_length - prompt_lengths[:, None]) & (columns[None, :] < prompt_length)
+        in_response = (columns[None, :] >= prompt_length) & (columns[None, :] < prompt_length + response_lengths[:, None])
+        tokens = np.full((batch_size, prompt_length + response_length), pad_token_id, dtype=np.int64)
+        tokens[in_prompt] = _flat(prompt_ids, np.int64, int(prompt_lengths.sum()))
+        tokens[in_response] = _flat(response_ids, np.int64, int(response_lengths.sum()))
+        # a response counts up to and including its first stop token; a masked (multi-turn) one whole
+        responses = np.where(in_response[:, prompt_length:], tokens[:, prompt_length:], -1)
+        stops = np.isin(responses, list(stop_ids)) if stop_ids else np.zeros_like(responses, dtype=bool)
+        attended = np.where(stops.any(axis=1), stops.argmax(axis=1) + 1, response_lengths)
+        given = np.array([mask is not None for mask in masks])
+        attended = np.where(given, response_lengths, attended)
+        attention = in_prompt | (in_response & (columns[None, :] < prompt_length + attended[:, None]))
+        input_ids = torch.from_numpy(tokens)
+        attention_mask = torch.from_numpy(attention.astype(np.int64))
         position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
         response_mask = attention_mask[:, prompt_length:].clone()
         for i, mask in enumerate(masks):
@@ -246,9 +258,11 @@ class Batch:
                 response_mask[i, :len(mask)] = torch.tensor(mask, dtype=response_mask.dtype)
         log_probs = None
         if rollout_log_probs is not None:
-            log_probs = torch.zeros(batch_size, response_length, dtype=torch.float32)
-            for i, values in enumerate(rollout_log_probs):
-                log_probs[i, :len(values)] = torch.tensor(values, dtype=torch.float32)
+            lengths = np.array([len(values) for values in rollout_log_probs], dtype=np.int64)
+            filled = np.arange(response_length)[None, :] < lengths[:, None]
+            values = np.zeros((batch_size, response_length), dtype=np.float32)
+            values[filled] = _flat(rollout_log_probs, np.float32, int(lengths.sum()))
+            log_probs = torch.from_numpy(values)
         return cls(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -272,12 +286,9 @@ def _padded_length(sequences: Sequence[Sequence[int]], requested: int | None, na
     return requested
 
 
-def _counted_length(response: Sequence[int], stop_ids: set[int]) -> int:
-    """Tokens of `response` that count: up to and including the first stop token."""
-    for position, token in enumerate(response):
-        if token in stop_ids:
-            return position + 1
-    return len(response)
+def _flat(rows: Sequence[Sequence], dtype: type, count: int) -> np.ndarray:
+    """Every row's values one after the other, in one array (the rows are host lists)."""
+    return np.fromiter(itertools.chain.from_iterable(rows), dtype=dtype, count=count)
 
 
 def _pad_to(tensor: Tensor, layout: str, batch: Batch, prompt_length: int, response_length: int) -> Tensor:

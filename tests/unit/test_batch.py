@@ -59,6 +59,33 @@ def test_from_rollout_rejects_too_short_fixed_length_and_empty_prompt():
         Batch.from_rollout([[]], [[3]], pad_token_id=PAD)
 
 
+def test_from_rollout_of_many_ragged_rows_equals_row_by_row_padding():
+    """The whole batch is padded at once (one fill per kind of row); each row must come out as padding it
+    alone would: prompts right-aligned, responses left-aligned, attended up to the first of several stop ids,
+    a masked (multi-turn) row attended whole, log-probs where given."""
+    import random
+
+    rng = random.Random(0)
+    stops, pad = {1, 2}, 0
+    prompts = [[rng.randrange(3, 50) for _ in range(rng.randint(1, 9))] for _ in range(40)]
+    responses = [[rng.choice([1, 2] + list(range(3, 50)) * 4) for _ in range(rng.randint(0, 12))] for _ in range(40)]
+    masks = [None if i % 5 else [i % 2] * len(response) for i, response in enumerate(responses)]
+    log_probs = [[-rng.random() for _ in response] for response in responses]
+    batch = Batch.from_rollout(prompts, responses, pad_token_id=pad, eos_token_ids=stops, rollout_log_probs=log_probs,
+                               response_masks=masks, prompt_length=10, response_length=14)
+    for i, (prompt, response, mask) in enumerate(zip(prompts, responses, masks)):
+        counted = len(response) if mask is not None else next(
+            (position + 1 for position, token in enumerate(response) if token in stops), len(response))
+        row = [pad] * (10 - len(prompt)) + prompt + response + [pad] * (14 - len(response))
+        attended = [0] * (10 - len(prompt)) + [1] * len(prompt) + [1] * counted + [0] * (24 - 10 - counted)
+        assert batch.input_ids[i].tolist() == row
+        assert batch.attention_mask[i].tolist() == attended
+        expected_mask = (mask + [0] * (14 - len(mask))) if mask is not None else attended[10:]
+        assert batch.response_mask[i].tolist() == expected_mask
+        assert batch.rollout_log_probs[i, :len(response)].tolist() == pytest.approx(log_probs[i])
+        assert not batch.rollout_log_probs[i, len(response):].any()
+
+
 def test_select_reorders_every_field():
     batch = _rollout_batch().with_fields(advantages=torch.tensor([[1.0] * 4, [2.0] * 4]))
     picked = batch.select([1, 0, 1])
