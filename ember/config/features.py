@@ -88,10 +88,6 @@ RL_UNIMPLEMENTED: list[Row] = [
      lambda cfg: f"{_A}.rollout.name={cfg.actor_rollout_ref.rollout.name} with rollout.require_named_engine=true: "
                  f"{cfg.actor_rollout_ref.rollout.name} itself is not available in ember; drop require_named_engine "
                  "to run on ember's own engine, or use ember or hf"),
-    (lambda cfg: cfg.algorithm.rollout_correction.bypass_mode,
-     lambda cfg: "algorithm.rollout_correction.bypass_mode=true (the rollout's log-probs as the old ones, weights and "
-                 "rejection inside the actor's loss) is not implemented yet; use bypass_mode=false (decoupled: old "
-                 "log-probs computed, the same rollout_is/rollout_rs keys)"),
     (lambda cfg: cfg.actor_rollout_ref.rollout.mode == "async" and not cfg.actor_rollout_ref.rollout.multi_turn.enable,
      lambda cfg: f"{_A}.rollout.mode=async without multi_turn.enable (a rollout server for single-turn agent loops) "
                  "is not implemented yet; use sync, or turn on multi_turn.enable for ember's tool agent loop"),

@@ -38,7 +38,7 @@ from ember.trainer.metrics import (compute_agent_metrics, compute_data_metrics, 
 from ember.trainer.one_step_off import InFlightGeneration
 from ember.trainer.rank_setup import use_configured_device
 from ember.trainer.rl_setup import RLComponents, build_components
-from ember.trainer.rollout_correction import correct_rollout
+from ember.trainer.rollout_correction import correct_rollout, use_rollout_log_probs
 from ember.trainer.rollout_correction import needs_old_log_probs as needs_correction_log_probs
 from ember.trainer.resume import resume_from_checkpoint
 from ember.trainer.run_folder import claim_run_folder
@@ -156,7 +156,8 @@ class RLTrainer:
                 if reward_baselines is not None:  # one per sample: follows the new order
                     reward_baselines = reward_baselines[balanced.permutation]
             correction = cfg.algorithm.rollout_correction
-            if parts.actor.needs_old_log_probs(len(batch)) or needs_correction_log_probs(correction):
+            bypassed = use_rollout_log_probs(batch, correction)  # bypass mode: π_old = π_rollout, no forward
+            if not bypassed and (parts.actor.needs_old_log_probs(len(batch)) or needs_correction_log_probs(correction)):
                 with timed(timings, "old_log_prob"):
                     batch.old_log_probs = parts.actor.compute_log_probs(batch)
             if parts.reference is not None:

@@ -14,6 +14,10 @@ from rl_helpers import NOT_REPRODUCIBLE, build_trainer, close, hf_weights, metri
 
 pytestmark = pytest.mark.slow
 SPLIT = ["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=1"]
+# one-step-off runs correct the lag in verl's bypass mode: REINFORCE × π_θ/π_rollout per token, no old log-probs
+ONE_STEP_OFF = [*SPLIT, "async_training.mode=one_step_off", "trainer.total_training_steps=4", "trainer.save_freq=2",
+                "trainer.test_freq=4", "algorithm.rollout_correction.bypass_mode=true",
+                "algorithm.rollout_correction.loss_type=reinforce", "algorithm.rollout_correction.rollout_is=token"]
 NOT_COMPARED = (*NOT_REPRODUCIBLE, "perf/weight_sync_gb", "perf/")
 
 
@@ -54,10 +58,9 @@ def test_a_rollout_pool_of_its_own_runs_the_same_as_the_rollout_beside_the_actor
 
 @pytest.fixture(scope="module")
 def one_step_off_run(inputs, tmp_path_factory, local_ray):
-    """4 one-step-off steps with a checkpoint at step 2, while step 3's generation is in flight."""
+    """4 one-step-off steps (bypass mode) with a checkpoint at step 2, while step 3's generation is in flight."""
     run_dir = tmp_path_factory.mktemp("one-step-off")
-    train(overrides(inputs, run_dir, *SPLIT, "async_training.mode=one_step_off", "trainer.total_training_steps=4",
-                    "trainer.save_freq=2", "trainer.test_freq=4"))
+    train(overrides(inputs, run_dir, *ONE_STEP_OFF))
     return run_dir
 
 
@@ -71,10 +74,19 @@ def test_one_step_off_generates_each_step_with_the_weights_one_update_behind(one
     assert all(metrics[step]["actor/grad_norm"] > 0 for step in (1, 2, 3, 4))
 
 
+def test_one_step_off_in_bypass_mode_weights_the_lagged_samples_by_the_trained_over_the_rollout_policy(
+        one_step_off_run):
+    metrics = metrics_by_step(one_step_off_run)
+    assert not any("timing_s/old_log_prob" in metrics[step] for step in (1, 2, 3, 4))  # the rollout's are π_old
+    gap = {step: max(metrics[step]["rollout_corr/rollout_is_max"] - 1, 1 - metrics[step]["rollout_corr/rollout_is_min"])
+           for step in (1, 2, 3, 4)}
+    assert gap[1] < 1e-4  # step 1 trains the weights that generated it: engine and trainer agree
+    assert all(gap[step] > 1e-3 for step in (2, 3, 4))  # one update behind: the weights differ from 1
+
+
 def test_one_step_off_resume_regenerates_the_batch_in_flight_at_the_checkpoint(inputs, one_step_off_run, tmp_path):
     resumed_dir = tmp_path / "resumed"
-    train(overrides(inputs, resumed_dir, *SPLIT, "async_training.mode=one_step_off", "trainer.total_training_steps=4",
-                    "trainer.save_freq=2", "trainer.test_freq=4", "trainer.resume_mode=resume_path",
+    train(overrides(inputs, resumed_dir, *ONE_STEP_OFF, "trainer.resume_mode=resume_path",
                     f"trainer.resume_from_path={one_step_off_run / 'global_step_2'}"))
     assert sorted(path.name for path in (resumed_dir / "dumps").iterdir()) == ["3.jsonl", "4.jsonl"]
     prompts = {step: [record["input"] for record in dumped(one_step_off_run, step)] for step in (1, 2, 3, 4)}
