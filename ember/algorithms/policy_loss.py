@@ -1,4 +1,5 @@
-"""Policy-gradient losses with importance-ratio clipping: PPO ("vanilla") and GSPO.
+"""Policy-gradient losses: PPO ("vanilla") and GSPO with importance-ratio clipping, and REINFORCE
+(rollout correction's bypass mode with `loss_type=reinforce`, chosen by that key, not by name).
 
 Each loss takes the same records, `PolicyLossInputs` (old and new log-probs of the response
 tokens, their advantages, the mask) and `ClipConfig`, plus the aggregation arguments of
@@ -152,3 +153,25 @@ def compute_gspo_policy_loss(
             ppo_kl=masked_mean(-log_ratio, mask=mask),
             clipfrac_lower=torch.zeros((), dtype=ratio.dtype, device=ratio.device),
         )
+
+
+def compute_reinforce_policy_loss(
+    inputs: PolicyLossInputs,
+    clip: ClipConfig,
+    *,
+    loss_agg_mode: str = "token-mean",
+    num_tokens: Count | None = None,
+    num_sequences: Count | None = None,
+    norm_length: Count | None = None,
+) -> PolicyLossOutput:
+    """REINFORCE, verl's `compute_policy_loss_reinforce`: token loss −A·log π (× the importance
+    weights when given), no ratio and no clip (`clip` is ignored; clipfracs are 0). `old_log_probs`
+    are the rollout's (bypass mode), so `ppo_kl` is the mean of log π_rollout − log π."""
+    mask = inputs.response_mask
+    token_losses = -inputs.advantages * inputs.log_probs
+    loss = aggregate_loss(_weighted(token_losses, inputs), mask=mask, mode=loss_agg_mode, num_tokens=num_tokens,
+                          num_sequences=num_sequences, norm_length=norm_length)
+    with torch.no_grad():
+        zero = torch.zeros((), dtype=inputs.log_probs.dtype, device=inputs.log_probs.device)
+        return PolicyLossOutput(loss=loss, clipfrac=zero, clipfrac_lower=zero,
+                                ppo_kl=masked_mean(inputs.old_log_probs - inputs.log_probs, mask=mask))

@@ -15,6 +15,10 @@ log_ratio = log π_train − log π_rollout over the valid tokens:
   token: verl's replacement for its old per-token veto;
 - metrics of the mismatch (KL, k3 KL, perplexities, χ²) that a run logs always.
 
+In decoupled mode π_train is π_old (the trainer's forward before the update); in bypass mode
+(`BypassCorrection`) the rollout's log-probs are π_old and π_train is the policy being trained,
+measured inside the actor's loss on each micro-batch, as verl's `compute_policy_loss_bypass_mode`.
+
 The one thing to know: log-ratios are clamped to ±20 before exp (verl's SAFETY_BOUND), so a
 catastrophic token gives a weight of e^20 before truncation, never inf.
 """
@@ -272,3 +276,29 @@ def compute_rollout_correction(train_log_probs: torch.Tensor, rollout_log_probs:
     prefixed.update({key: value.item() for key, value in
                      compute_mismatch_metrics(train_log_probs, rollout_log_probs, response_mask).items()})
     return RolloutCorrection(weights=weights, response_mask=mask, metrics=prefixed)
+
+
+@dataclass(frozen=True)
+class BypassCorrection:
+    """verl's bypass mode, as the actor applies it: old log-probs are the rollout's (no forward for
+    them), and weights and rejection come from log π_θ − log π_rollout in each micro-batch of the
+    update. With `loss_type="ppo_clip"` the PPO ratio π_θ/π_rollout is the correction, so no weights
+    multiply the loss (verl: they would count it twice), only the rejection applies; with
+    "reinforce" the loss is REINFORCE times the (truncated) weights."""
+
+    loss_type: str  # "ppo_clip" or "reinforce"
+    rollout_is: str | None
+    rollout_is_threshold: float
+    rollout_is_batch_normalize: bool
+    rejection: Mapping[str, tuple[float | None, float]] | None
+
+    def measure(self, log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
+                response_mask: torch.Tensor) -> RolloutCorrection:
+        """The micro-batch's correction from the current (detached) log-probs against the rollout's;
+        `weights` is None unless the loss is REINFORCE with `rollout_is` set."""
+        correction = compute_rollout_correction(
+            log_probs.detach(), rollout_log_probs, response_mask, rollout_is=self.rollout_is,
+            rollout_is_threshold=self.rollout_is_threshold, rollout_is_batch_normalize=self.rollout_is_batch_normalize,
+            rejection=self.rejection)
+        weights = correction.weights if self.loss_type == "reinforce" else None
+        return RolloutCorrection(weights=weights, response_mask=correction.response_mask, metrics=correction.metrics)

@@ -23,7 +23,7 @@ from ember.config.parallel import data_parallel_size, nearest_divisors, world_si
 from ember.config.placement import placement_errors, role_gpus
 from ember.config.rollout_correction import parse_rejection
 from ember.config.schema import EmberConfig, SFTConfig
-from ember.config.schema.async_training import ASYNC_MODES
+from ember.config.schema.async_training import ASYNC_MODES, AsyncTrainingConfig
 from ember.config.schema.megatron import MegatronConfig
 from ember.config.schema.nla_extract import NLAExtractConfig
 from ember.config.schema.nla_sft import NLASFTConfig
@@ -268,15 +268,38 @@ def _async_errors(cfg: EmberConfig) -> list[str]:
     mode, hybrid = cfg.async_training.mode, cfg.actor_rollout_ref.hybrid_engine
     if mode not in ASYNC_MODES:
         errors.append(f"async_training.mode={mode} is not a mode; choose one of {', '.join(ASYNC_MODES)}")
-    if mode == "one_step_off" and hybrid:
-        errors.append("async_training.mode=one_step_off generates on GPUs of its own while the actor trains: set "
+    if mode in ("one_step_off", "fully_async") and hybrid:
+        errors.append(f"async_training.mode={mode} generates on GPUs of its own while the actor trains: set "
                       "actor_rollout_ref.hybrid_engine=false and give the rollout pool's size (rollout.nnodes, "
                       "rollout.n_gpus_per_node), or use async_training.mode=sync")
+    errors += _fully_async_errors(cfg.async_training)
     if not hybrid:
         for key in ("nnodes", "n_gpus_per_node"):
             if getattr(cfg.rollout, key) < 1:
                 errors.append(f"rollout.{key}={getattr(cfg.rollout, key)}: actor_rollout_ref.hybrid_engine=false puts "
                               "the rollout on GPUs of its own; give it at least 1")
+    return errors
+
+
+def _fully_async_errors(section) -> list[str]:
+    """verl's fully-async keys: sane values, and only with async_training.mode=fully_async."""
+    errors = []
+    defaults = AsyncTrainingConfig()
+    for key in ("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout"):
+        value = getattr(section, key)
+        if section.mode != "fully_async" and value != getattr(defaults, key):
+            errors.append(f"async_training.{key}={value} applies to async_training.mode=fully_async only (the mode "
+                          f"is {section.mode}): set the mode, or remove the key")
+    if not section.staleness_threshold >= 0:
+        errors.append(f"async_training.staleness_threshold={section.staleness_threshold}: give 0 or more (updates a "
+                      "sample's weights may be behind)")
+    if section.trigger_parameter_sync_step < 1:
+        errors.append(f"async_training.trigger_parameter_sync_step={section.trigger_parameter_sync_step}: give 1 or "
+                      "more (updates between weight syncs)")
+    if section.require_batches != 1:
+        errors.append(f"async_training.require_batches={section.require_batches}: ember's step trains "
+                      "data.train_batch_size prompts; set require_batches=1 and data.train_batch_size to "
+                      "require_batches × ppo_mini_batch_size instead")
     return errors
 
 

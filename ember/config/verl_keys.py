@@ -99,15 +99,21 @@ _ROLE = {
 }
 
 _NOT_VERL_DEFAULT = object()  # a default no value equals: every value given is refused
-_FULLY_ASYNC = VerlKey("verl's fully async trainer (recipe/fully_async_policy: streaming rollout, a staleness bound, "
-                       "partial rollouts) is not built in ember; remove the key, and for generation that overlaps "
-                       "training use async_training.mode=one_step_off (verl's one_step_off_policy recipe)",
+_FULLY_ASYNC = VerlKey("verl's fully async trainer streams samples one by one and counts its run in samples; ember's "
+                       "async_training.mode=fully_async generates whole steps' batches ahead and counts steps "
+                       "(trainer.total_training_steps, data.train_batch_size, trainer.test_freq): remove the key",
                        _NOT_VERL_DEFAULT, refuse=True)
 
 RL_VERL_KEYS: dict[str, VerlKey] = {
-    **{f"async_training.{name}": _FULLY_ASYNC
-       for name in ("staleness_threshold", "trigger_parameter_sync_step", "require_batches", "partial_rollout",
-                    "use_rollout_log_probs", "compute_prox_log_prob", "checkpoint_engine")},
+    "async_training.use_rollout_log_probs": VerlKey(
+        "the rollout's log-probs as the old ones is algorithm.rollout_correction.bypass_mode=true in ember", False,
+        refuse=True),
+    "async_training.compute_prox_log_prob": VerlKey(
+        "a proximal log-prob forward is not built; algorithm.rollout_correction (decoupled mode) computes the old "
+        "log-probs with the trainer's weights", False, refuse=True),
+    "async_training.use_trainer_do_validate": VerlKey("validation runs on the rollout pool", False, refuse=True),
+    "async_training.checkpoint_engine": VerlKey(
+        "ember always sends the weights over its own torch.distributed group in buckets"),
     **{f"rollout.{name}": _FULLY_ASYNC for name in ("n", "total_rollout_steps", "total_epochs", "test_freq")},
     "actor_rollout_ref.actor.use_rollout_log_probs": VerlKey(
         "the rollout's log-probs as the old ones is algorithm.rollout_correction.bypass_mode in ember", False,

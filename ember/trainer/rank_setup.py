@@ -28,6 +28,7 @@ from ember.inference.config import EngineConfig
 from ember.models.loading import build_model_on_meta, load_model_config, resolve_dtype
 from ember.rollout import build_rollout
 from ember.trainer.metrics import timed
+from ember.trainer.rollout_correction import bypass_correction
 from ember.workers.actor import Actor, ActorOptions
 from ember.workers.critic import Critic, CriticOptions
 from ember.workers.noise_injection import NoiseInjection, build_noise_injection
@@ -246,7 +247,8 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
             loss_agg_mode=actor_cfg.loss_agg_mode, entropy_coeff=actor_cfg.entropy_coeff,
             use_kl_loss=actor_cfg.use_kl_loss, kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
             temperature=rollout_cfg.temperature, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed,
-            loss_scale=1 / n if nla is not None and nla.fork_actor_gradient_scale else 1.0))
+            loss_scale=1 / n if nla is not None and nla.fork_actor_gradient_scale else 1.0,
+            bypass=bypass_correction(cfg.algorithm.rollout_correction)))
         built["actor"] = actor
         if arr.hybrid_engine:
             with timed(seconds, "rollout"):

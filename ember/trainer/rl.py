@@ -15,6 +15,7 @@ import logging
 import os
 import shutil
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 
@@ -35,10 +36,10 @@ from ember.trainer.faults import BadStepGuard, BadStepsError, StopRequest
 from ember.trainer.loggers import MetricLogger
 from ember.trainer.metrics import (compute_agent_metrics, compute_data_metrics, compute_timing_metrics,
                                    staleness_metrics, timed)
-from ember.trainer.one_step_off import InFlightGeneration
+from ember.trainer.generation_queue import GenerationPlan, InFlightGeneration
 from ember.trainer.rank_setup import use_configured_device
 from ember.trainer.rl_setup import RLComponents, build_components
-from ember.trainer.rollout_correction import correct_rollout
+from ember.trainer.rollout_correction import correct_rollout, use_rollout_log_probs
 from ember.trainer.rollout_correction import needs_old_log_probs as needs_correction_log_probs
 from ember.trainer.resume import resume_from_checkpoint
 from ember.trainer.run_folder import claim_run_folder
@@ -78,7 +79,9 @@ class RLTrainer:
         """`reward_model.launch_reward_fn_async`: where a step's scores are computed while its log-probs,
         reference and values are (the reward manager's workers do the scoring; this thread waits on them)."""
         self.validation_history: list[tuple[int, dict[str, float]]] = []
-        self.in_flight: InFlightGeneration | None = None  # one_step_off: the next step's generation, under way
+        self.plan = GenerationPlan.of(cfg.async_training)
+        self.ahead: deque[InFlightGeneration] = deque()  # one_step_off, fully_async: later steps' generations
+        self.stale_dropped = 0  # fully_async: samples of this step dropped as too stale (then generated again)
         self.weight_sync_gb = 0.0  # the size of one weight sync to a rollout pool of its own
         self.profiler = StepProfiler(cfg.global_profiler, parts.worker_groups(), parts.total_steps)
 
@@ -109,7 +112,7 @@ class RLTrainer:
                                stop.signal_name)
                 return {}
             while self.step < parts.total_steps:
-                prompts = self.in_flight.prompts if self.in_flight is not None else self.next_prompts()
+                prompts = self.ahead[0].prompts if self.ahead else self.next_prompts()
                 self.step += 1
                 try:
                     metrics = self.train_step(prompts)
@@ -141,6 +144,7 @@ class RLTrainer:
         cfg, parts = self.cfg, self.parts
         timings: dict[str, float] = {}
         trained_version = parts.actor.version  # the weights this step's update starts from
+        self.stale_dropped = 0
         with timed(timings, "step"):
             experience, scored, sampling_metrics = self.generate_and_score(prompts, timings)
             batch = experience.batch
@@ -156,7 +160,8 @@ class RLTrainer:
                 if reward_baselines is not None:  # one per sample: follows the new order
                     reward_baselines = reward_baselines[balanced.permutation]
             correction = cfg.algorithm.rollout_correction
-            if parts.actor.needs_old_log_probs(len(batch)) or needs_correction_log_probs(correction):
+            bypassed = use_rollout_log_probs(batch, correction)  # bypass mode: π_old = π_rollout, no forward
+            if not bypassed and (parts.actor.needs_old_log_probs(len(batch)) or needs_correction_log_probs(correction)):
                 with timed(timings, "old_log_prob"):
                     batch.old_log_probs = parts.actor.compute_log_probs(batch)
             if parts.reference is not None:
@@ -203,6 +208,8 @@ class RLTrainer:
             metrics.update(compute_agent_metrics(experience.agent_stats, experience.batch))
         metrics.update(compute_timing_metrics(timings, batch))
         metrics.update(staleness_metrics(batch, trained_version))
+        if self.plan.max_staleness is not None:
+            metrics["rollout/stale_dropped"] = float(self.stale_dropped)
         if "weight_sync" in timings:
             metrics["perf/weight_sync_gb"] = self.weight_sync_gb
         metrics["training/epoch"] = float(parts.train_loader.epoch)
@@ -247,30 +254,42 @@ class RLTrainer:
                                   cfg.data.train_batch_size, f"step{self.step}")
 
     def generate(self, prompts, sampling: SamplingParams, uid_prefix: str, timings: dict[str, float]) -> Experience:
-        """Samples for `prompts`: the in-flight generation started for this step (one_step_off), or generated
-        now with the actor's current weights (sent first to a rollout pool of its own). With one_step_off the
-        next step's generation starts before this returns (`one_step_off.py`)."""
+        """Samples for `prompts`: the generation started for this step ahead of it (one_step_off, fully_async), or
+        generated now with the actor's current weights (sent first to a rollout pool of its own). A batch staler
+        than fully_async's bound is dropped and generated again after a sync. The later steps' generations are
+        started before this returns (`generation_queue.py`)."""
         parts = self.parts
-        in_flight, self.in_flight = self.in_flight, None
+        in_flight = self.ahead.popleft() if self.ahead else None
+        experience = None
         if in_flight is not None:
             with timed(timings, "wait_prev_gen"):  # verl's name: the part of the generation training did not hide
                 experience = in_flight.experience(parts.tokenizer, parts.eos_token_ids)
-        else:
+            if self.plan.too_stale(experience.batch.policy_versions, parts.actor.version):
+                self.stale_dropped += len(experience.batch)
+                experience = None
+        if experience is None:
             self.sync_rollout_weights(timings)
             experience = generate_experience(parts.rollout, prompts, sampling, parts.tokenizer, parts.eos_token_ids,
                                              uid_prefix=uid_prefix)
-        if self.cfg.async_training.mode == "one_step_off" and self.step < parts.total_steps:
-            self.in_flight = self.start_next_generation(timings)
+        self.start_generations_ahead(timings)
         return experience
 
-    def start_next_generation(self, timings: dict[str, float]) -> InFlightGeneration:
-        """Step `self.step + 1`'s prompts, generating with the weights the actor has now (before this step's update)."""
-        loader_state = self.parts.train_loader.state_dict()
+    def start_generations_ahead(self, timings: dict[str, float]) -> None:
+        """Starts the next steps' generations until `plan.steps_ahead` are under way (none past the last step)."""
+        last_started = self.ahead[-1].step if self.ahead else self.step
+        while len(self.ahead) < self.plan.steps_ahead and last_started < self.parts.total_steps:
+            last_started += 1
+            self.ahead.append(self.start_generation(last_started, timings))
+
+    def start_generation(self, step: int, timings: dict[str, float]) -> InFlightGeneration:
+        """Step `step`'s prompts, generating with the rollout's weights, synced first when `plan.sync_due`."""
+        parts = self.parts
+        loader_state = parts.train_loader.state_dict()
         prompts = self.next_prompts()
-        self.sync_rollout_weights(timings)
-        pending = self.parts.rollout.start_generate([prompt.prompt_ids for prompt in prompts],
-                                                    self.sampling(self.step + 1))
-        return InFlightGeneration(self.step + 1, prompts, pending, loader_state)
+        if self.plan.sync_due(parts.actor.version, parts.rollout.synced_version):
+            self.sync_rollout_weights(timings)
+        pending = parts.rollout.start_generate([prompt.prompt_ids for prompt in prompts], self.sampling(step))
+        return InFlightGeneration(step, prompts, pending, loader_state)
 
     def sync_rollout_weights(self, timings: dict[str, float] | None = None) -> None:
         """A rollout pool of its own gets the actor's current weights if it holds others (no-op beside the actor)."""
@@ -370,7 +389,7 @@ class RLTrainer:
                 if "hf_model" in self.checkpoint_contents(name):  # verl's folder for it
                     role.export_hf(os.path.join(directory, name, HF_CHECKPOINT_DIR), tokenizer=parts.tokenizer)
             if rank() == 0:
-                loader = self.in_flight.loader_state if self.in_flight is not None else parts.train_loader.state_dict()
+                loader = self.ahead[0].loader_state if self.ahead else parts.train_loader.state_dict()
                 save_run_state(directory, step=self.step, loader=loader,
                                kl_coef=self.kl_controller.value, validation_history=self.validation_history)
 

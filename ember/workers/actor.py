@@ -17,10 +17,12 @@ import torch
 
 from ember.algorithms import (
     MISMATCH_PREFIXES,
+    BypassCorrection,
     ClipConfig,
     PolicyLossInputs,
     aggregate_loss,
     compute_mismatch_metrics,
+    compute_reinforce_policy_loss,
     get_policy_loss_fn,
     kl_penalty,
 )
@@ -50,6 +52,7 @@ class ActorOptions:
     norm_length: int  # response length used by seq-mean-token-sum-norm
     seed: int
     loss_scale: float = 1.0  # the loss (and so the gradient) × this: 1/n under nla.fork_actor_gradient_scale
+    bypass: BypassCorrection | None = None  # algorithm.rollout_correction.bypass_mode: how the loss corrects
 
 
 class Actor(EngineRole):
@@ -58,7 +61,8 @@ class Actor(EngineRole):
     def __init__(self, engine: TrainEngine, options: ActorOptions):
         super().__init__(engine)
         self.options = options
-        self.policy_loss_fn = get_policy_loss_fn(options.policy_loss)
+        reinforce = options.bypass is not None and options.bypass.loss_type == "reinforce"
+        self.policy_loss_fn = compute_reinforce_policy_loss if reinforce else get_policy_loss_fn(options.policy_loss)
         self.updates = 0  # a rollout that synced at another count needs a sync
         self.version = 0
         """The training step whose update made the current weights (0: as loaded at the start); the samples
@@ -97,17 +101,21 @@ class Actor(EngineRole):
         old_log_probs = batch.old_log_probs if batch.old_log_probs is not None else output.log_probs.detach()
         counts = dict(num_tokens=context.num_tokens, num_sequences=context.num_sequences)
         aggregation = dict(mask=mask, mode=options.loss_agg_mode, norm_length=options.norm_length)
+        policy_mask, weights, metrics = mask, batch.rollout_is_weights, {}
+        if options.bypass is not None:  # old_log_probs are the rollout's: π_θ against them, in this forward
+            correction = options.bypass.measure(output.log_probs, batch.rollout_log_probs, mask)
+            policy_mask, weights, metrics = correction.response_mask, correction.weights, correction.metrics
         inputs = PolicyLossInputs(old_log_probs=old_log_probs, log_probs=output.log_probs,
-                                  advantages=batch.advantages, response_mask=mask,
-                                  rollout_is_weights=batch.rollout_is_weights)
+                                  advantages=batch.advantages, response_mask=policy_mask,
+                                  rollout_is_weights=weights)
         policy_aggregation = dict(loss_agg_mode=options.loss_agg_mode, norm_length=options.norm_length)
         policy = self.policy_loss_fn(inputs, options.clip, **policy_aggregation, **counts)
         loss = policy.loss
         with torch.no_grad():
             local_policy = self.policy_loss_fn(inputs, options.clip, **policy_aggregation)
             entropy = aggregate_loss(output.entropy, **aggregation)
-        metrics = {"pg_loss": local_policy.loss, "pg_clipfrac": policy.clipfrac, "ppo_kl": policy.ppo_kl,
-                   "pg_clipfrac_lower": policy.clipfrac_lower, "entropy": entropy}
+        metrics.update({"pg_loss": local_policy.loss, "pg_clipfrac": policy.clipfrac, "ppo_kl": policy.ppo_kl,
+                        "pg_clipfrac_lower": policy.clipfrac_lower, "entropy": entropy})
         if batch.old_log_probs is None and batch.rollout_log_probs is not None:  # this forward is π_old
             metrics.update(compute_mismatch_metrics(output.log_probs.detach(), batch.rollout_log_probs, mask))
         if options.entropy_coeff:

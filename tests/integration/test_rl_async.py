@@ -1,6 +1,7 @@
-"""The rollout on a pool of its own (`actor_rollout_ref.hybrid_engine=false`) and one-step-off-policy
-training (`async_training.mode=one_step_off`), through Ray on CPU workers: the weights go from the actor's
-process to the rollout's over a gloo group of their own, as NCCL carries them on GPUs."""
+"""The rollout on a pool of its own (`actor_rollout_ref.hybrid_engine=false`), one-step-off-policy training
+(`async_training.mode=one_step_off`) and fully asynchronous training with a staleness bound
+(`async_training.mode=fully_async`), through Ray on CPU workers: the weights go from the actor's process to the
+rollout's over a gloo group of their own, as NCCL carries them on GPUs."""
 
 from __future__ import annotations
 
@@ -14,6 +15,13 @@ from rl_helpers import NOT_REPRODUCIBLE, build_trainer, close, hf_weights, metri
 
 pytestmark = pytest.mark.slow
 SPLIT = ["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=1"]
+# one-step-off runs correct the lag in verl's bypass mode: REINFORCE × π_θ/π_rollout per token, no old log-probs
+ONE_STEP_OFF = [*SPLIT, "async_training.mode=one_step_off", "trainer.total_training_steps=4", "trainer.save_freq=2",
+                "trainer.test_freq=4", "algorithm.rollout_correction.bypass_mode=true",
+                "algorithm.rollout_correction.loss_type=reinforce", "algorithm.rollout_correction.rollout_is=token"]
+FULLY_ASYNC = [*SPLIT, "async_training.mode=fully_async", "async_training.staleness_threshold=1",
+               "async_training.trigger_parameter_sync_step=2", "trainer.total_training_steps=4", "trainer.save_freq=2",
+               "trainer.test_freq=4"]
 NOT_COMPARED = (*NOT_REPRODUCIBLE, "perf/weight_sync_gb", "perf/")
 
 
@@ -54,10 +62,9 @@ def test_a_rollout_pool_of_its_own_runs_the_same_as_the_rollout_beside_the_actor
 
 @pytest.fixture(scope="module")
 def one_step_off_run(inputs, tmp_path_factory, local_ray):
-    """4 one-step-off steps with a checkpoint at step 2, while step 3's generation is in flight."""
+    """4 one-step-off steps (bypass mode) with a checkpoint at step 2, while step 3's generation is in flight."""
     run_dir = tmp_path_factory.mktemp("one-step-off")
-    train(overrides(inputs, run_dir, *SPLIT, "async_training.mode=one_step_off", "trainer.total_training_steps=4",
-                    "trainer.save_freq=2", "trainer.test_freq=4"))
+    train(overrides(inputs, run_dir, *ONE_STEP_OFF))
     return run_dir
 
 
@@ -71,15 +78,45 @@ def test_one_step_off_generates_each_step_with_the_weights_one_update_behind(one
     assert all(metrics[step]["actor/grad_norm"] > 0 for step in (1, 2, 3, 4))
 
 
-def test_one_step_off_resume_regenerates_the_batch_in_flight_at_the_checkpoint(inputs, one_step_off_run, tmp_path):
+def test_one_step_off_in_bypass_mode_weights_the_lagged_samples_by_the_trained_over_the_rollout_policy(
+        one_step_off_run):
+    metrics = metrics_by_step(one_step_off_run)
+    assert not any("timing_s/old_log_prob" in metrics[step] for step in (1, 2, 3, 4))  # the rollout's are π_old
+    gap = {step: max(metrics[step]["rollout_corr/rollout_is_max"] - 1, 1 - metrics[step]["rollout_corr/rollout_is_min"])
+           for step in (1, 2, 3, 4)}
+    assert gap[1] < 1e-4  # step 1 trains the weights that generated it: engine and trainer agree
+    assert all(gap[step] > 1e-3 for step in (2, 3, 4))  # one update behind: the weights differ from 1
+
+
+@pytest.fixture(scope="module")
+def fully_async_run(inputs, tmp_path_factory, local_ray):
+    """4 fully-async steps, generation one step ahead, weights synced every 2 updates, a checkpoint at step 2."""
+    run_dir = tmp_path_factory.mktemp("fully-async")
+    train(overrides(inputs, run_dir, *FULLY_ASYNC))
+    return run_dir
+
+
+def test_fully_async_keeps_every_sample_within_the_staleness_bound_and_counts_the_dropped(fully_async_run):
+    metrics = metrics_by_step(fully_async_run)
+    versions = {step: [record["policy_version"] for record in dumped(fully_async_run, step)] for step in (1, 2, 3, 4)}
+    # step k trains the weights of step k-1's update: no sample more than 1 update behind them
+    assert all(step - 1 - version <= 1 for step in (1, 2, 3, 4) for version in versions[step])
+    # step 3's batch, generated with the start's weights (no sync after 1 update), was 2 behind: dropped, then
+    # generated again after a sync with step 2's; step 4's then came from those (next sync due after step 4)
+    assert [set(versions[step]) for step in (1, 2, 3, 4)] == [{0}, {0}, {2}, {2}]
+    assert [metrics[step]["rollout/stale_dropped"] for step in (1, 2, 3, 4)] == [0.0, 0.0, 16.0, 0.0]
+    assert [metrics[step]["rollout/staleness/max"] for step in (1, 2, 3, 4)] == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_fully_async_resume_regenerates_the_batches_in_flight_at_the_checkpoint(inputs, fully_async_run, tmp_path):
     resumed_dir = tmp_path / "resumed"
-    train(overrides(inputs, resumed_dir, *SPLIT, "async_training.mode=one_step_off", "trainer.total_training_steps=4",
-                    "trainer.save_freq=2", "trainer.test_freq=4", "trainer.resume_mode=resume_path",
-                    f"trainer.resume_from_path={one_step_off_run / 'global_step_2'}"))
+    train(overrides(inputs, resumed_dir, *FULLY_ASYNC, "trainer.resume_mode=resume_path",
+                    f"trainer.resume_from_path={fully_async_run / 'global_step_2'}"))
     assert sorted(path.name for path in (resumed_dir / "dumps").iterdir()) == ["3.jsonl", "4.jsonl"]
-    prompts = {step: [record["input"] for record in dumped(one_step_off_run, step)] for step in (1, 2, 3, 4)}
+    prompts = {step: [record["input"] for record in dumped(fully_async_run, step)] for step in (1, 2, 3, 4)}
     resumed = {step: [record["input"] for record in dumped(resumed_dir, step)] for step in (3, 4)}
     assert resumed == {3: prompts[3], 4: prompts[4]}  # step 3's prompts again, none skipped, none repeated
     assert len({prompt for step in (1, 2, 3, 4) for prompt in prompts[step]}) == 4 * 4  # 4 prompts a step, all new
-    # the in-flight batch is regenerated with the checkpoint's weights (step 2's), one update fresher
+    # the batch in flight at the checkpoint is generated again with the checkpoint's weights (step 2's)
     assert [{record["policy_version"] for record in dumped(resumed_dir, step)} for step in (3, 4)] == [{2}, {2}]
+    assert [metrics_by_step(resumed_dir)[step]["rollout/stale_dropped"] for step in (3, 4)] == [0.0, 0.0]

@@ -89,3 +89,32 @@ def test_without_correction_several_updates_log_the_mismatch_against_the_old_log
     metrics = metrics_by_step(run_dir)[1]
     assert metrics["rollout_corr/log_prob_abs_diff_max"] == pytest.approx(0.5, abs=1e-4)
     assert not any(key.startswith(("rollout_corr/rollout_is", "rollout_corr/rollout_rs")) for key in metrics)
+
+
+def test_bypass_mode_trains_on_the_rollouts_log_probs_with_no_old_log_prob_forward(inputs, tmp_path):
+    run_dir = tmp_path / "run"
+    trainer = build_trainer(run_overrides(inputs, run_dir, *STEP, f"{KEY}.bypass_mode=true",
+                                          "actor_rollout_ref.actor.ppo_mini_batch_size=2"))  # two updates
+    skew_rollout_log_probs(trainer)
+    batches = record_updates(trainer)
+    forwards = []
+    compute_log_probs = trainer.parts.actor.compute_log_probs
+    trainer.parts.actor.compute_log_probs = lambda batch: forwards.append(batch) or compute_log_probs(batch)
+    actor = trainer.parts.actor.in_process()
+    seen = []  # (the micro-batch, the inputs of its policy loss)
+    loss, policy_loss = actor._loss, actor.policy_loss_fn
+    actor._loss = lambda output, micro, context: seen.append([micro]) or loss(output, micro, context)
+    actor.policy_loss_fn = lambda inputs, *args, **kwargs: seen[-1].append(inputs) or policy_loss(inputs, *args,
+                                                                                                  **kwargs)
+    fit(trainer)
+    (batch,) = batches
+    assert forwards == [] and torch.equal(batch.old_log_probs, batch.rollout_log_probs)
+    micro, inputs = seen[0][:2]  # the first micro-batch of the first mini-batch: weights as generated
+    assert torch.equal(inputs.old_log_probs, micro.rollout_log_probs)
+    log_ratio = (inputs.log_probs - inputs.old_log_probs).detach()[micro.response_mask.bool()]
+    near_zero, near_skew = (log_ratio.abs() < 1e-4), ((log_ratio - 0.5).abs() < 1e-4)
+    assert (near_zero | near_skew).all() and near_skew.any()  # ratio exp(new − rollout): e^0.5 where skewed
+    metrics = metrics_by_step(run_dir)[1]
+    assert "timing_s/old_log_prob" not in metrics
+    assert metrics["rollout_corr/log_prob_abs_diff_max"] > 0.4  # the actor's forward against the rollout
+    assert metrics["actor/pg_clipfrac"] > 0  # e^0.5 is outside 1 ± 0.2

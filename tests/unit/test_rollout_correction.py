@@ -10,15 +10,17 @@ import torch
 import verl_rollout_corr_reference as verl
 
 from ember.algorithms import (
+    BypassCorrection,
     ClipConfig,
     PolicyLossInputs,
     compute_mismatch_metrics,
+    compute_reinforce_policy_loss,
     compute_rollout_correction,
     compute_rollout_is_weights,
     compute_rollout_rejection_mask,
     get_policy_loss_fn,
 )
-from ember.config import ConfigError, NotImplementedFeature, check_implemented, load_config
+from ember.config import ConfigError, check_implemented, load_config
 from ember.config.rollout_correction import parse_rejection
 from ember.config.schema.algorithm import ROLLOUT_CORRECTION_PRESETS
 
@@ -181,6 +183,34 @@ def test_weights_multiply_each_tokens_gspo_policy_loss():
     assert doubled.item() == pytest.approx(2 * plain.item())
 
 
+def test_reinforce_loss_is_minus_advantage_times_log_prob_times_weight_with_its_gradient():
+    log_probs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    inputs = PolicyLossInputs(old_log_probs=torch.tensor([[-1.5, -2.0, -0.5]]), log_probs=log_probs,
+                              advantages=torch.tensor([[1.0, -2.0, 0.5]]), response_mask=torch.tensor([[1.0, 1.0, 0.0]]),
+                              rollout_is_weights=torch.tensor([[2.0, 0.5, 3.0]]))
+    output = compute_reinforce_policy_loss(inputs, ClipConfig(), loss_agg_mode="token-sum")
+    output.loss.backward()
+    assert output.loss.item() == pytest.approx(-(1.0 * -1.0 * 2.0) - (-2.0 * -2.0 * 0.5))  # padding left out
+    assert_values(log_probs.grad, [[-2.0, 1.0, 0.0]])  # d/dlogπ of −A·w·logπ
+    assert output.ppo_kl.item() == pytest.approx(-0.25) and output.clipfrac.item() == 0.0
+
+
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
+def test_bypass_weights_are_current_over_rollout_and_reach_only_the_reinforce_loss(loss_type):
+    rollout = torch.tensor([[-1.0, -0.5, -2.0], [-1.5, -1.0, -1.0]])
+    bypass = BypassCorrection(loss_type=loss_type, rollout_is="token", rollout_is_threshold=3.0,
+                              rollout_is_batch_normalize=False, rejection=parse_rejection("seq_max_k2", 0.5))
+    correction = bypass.measure(rollout + LOG_RATIO, rollout, MASK)
+    expected = compute_rollout_correction(rollout + LOG_RATIO, rollout, MASK, rollout_is="token", rollout_is_threshold=3.0,
+                                          rollout_is_batch_normalize=False, rejection=parse_rejection("seq_max_k2", 0.5))
+    assert correction.metrics == expected.metrics and torch.equal(correction.response_mask, expected.response_mask)
+    assert_values(correction.response_mask, [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])  # ½(log 4)² = 0.96 > 0.5 > ½(log 2)²
+    if loss_type == "reinforce":
+        assert_values(correction.weights, [[2.0, 0.5, 1.0], [3.0, 0.0, 0.0]])  # π_θ/π_rollout, truncated at 3
+    else:  # the PPO ratio π_θ/π_rollout corrects already: weights would count it twice (verl)
+        assert correction.weights is None
+
+
 def test_verl_keys_load_with_verls_defaults():
     correction = load_config([]).algorithm.rollout_correction
     assert (correction.rollout_is, correction.rollout_is_threshold, correction.rollout_rs,
@@ -216,9 +246,4 @@ def test_older_verls_token_veto_is_refused_naming_its_replacement():
 def test_every_verl_preset_loads(name):
     overrides = [f"{KEY}.{key}={'null' if value is None else value}"
                  for key, value in ROLLOUT_CORRECTION_PRESETS[name].items()]
-    cfg = load_config(overrides)
-    if cfg.algorithm.rollout_correction.bypass_mode:
-        with pytest.raises(NotImplementedFeature, match="bypass_mode=true"):
-            check_implemented(cfg)
-    else:
-        check_implemented(cfg)
+    check_implemented(load_config(overrides))

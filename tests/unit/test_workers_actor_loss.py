@@ -2,10 +2,13 @@
 coefficient, normalised by the mini-batch's global token count. The logged `kl_loss` and
 `entropy` metrics are computed apart from this loss, so the loss and its gradient are checked here."""
 
+import math
+
 import pytest
 import torch
 
-from ember.algorithms import LOSS_AGG_MODES, ClipConfig, PolicyLossInputs, aggregate_loss, get_policy_loss_fn
+from ember.algorithms import (LOSS_AGG_MODES, BypassCorrection, ClipConfig, PolicyLossInputs, aggregate_loss,
+                              get_policy_loss_fn)
 from ember.data.batch import Batch
 from ember.engines.base import LossContext, MicroBatchSpec, ModelOutput
 from ember.workers.actor import Actor, ActorOptions
@@ -18,13 +21,14 @@ NORM_LENGTH = 7  # seq-mean-token-sum-norm's divisor: wider than the micro-batch
 CLIP = ClipConfig(clip_ratio=0.2)
 
 
-def actor(kl_loss_type: str, entropy_coeff: float = ENTROPY_COEF, loss_agg_mode: str = "token-mean") -> Actor:
+def actor(kl_loss_type: str, entropy_coeff: float = ENTROPY_COEF, loss_agg_mode: str = "token-mean",
+          bypass: BypassCorrection | None = None, use_kl_loss: bool = True) -> Actor:
     """An actor whose loss is called directly: no engine is needed for `_loss`."""
     return Actor(engine=None, options=ActorOptions(
         mini_batch_samples=3, micro_batch=MicroBatchSpec(size=3), log_prob_micro_batch=MicroBatchSpec(size=3),
         ppo_epochs=1, shuffle=False, policy_loss="vanilla", clip=CLIP, loss_agg_mode=loss_agg_mode,
-        entropy_coeff=entropy_coeff, use_kl_loss=True, kl_loss_coef=KL_COEF, kl_loss_type=kl_loss_type,
-        temperature=1.0, norm_length=NORM_LENGTH, seed=0))
+        entropy_coeff=entropy_coeff, use_kl_loss=use_kl_loss, kl_loss_coef=KL_COEF, kl_loss_type=kl_loss_type,
+        temperature=1.0, norm_length=NORM_LENGTH, seed=0, bypass=bypass))
 
 
 def batch_and_output() -> tuple[Batch, ModelOutput]:
@@ -106,3 +110,25 @@ def test_the_loss_shares_and_metrics_follow_the_mode_the_global_counts_and_the_o
     for key, value in expected_metrics.items():
         assert float(metrics[key]) == pytest.approx(float(value), rel=1e-6), key
 
+
+
+def test_bypass_reinforce_weights_each_tokens_gradient_by_current_over_rollout_and_drops_rejected_samples():
+    """verl's bypass mode with loss_type=reinforce: the loss is −A·w·log π with w = π_θ/π_rollout
+    (truncated at 1.5, detached) from this forward, and a sample that a rejection rule refuses adds nothing."""
+    batch, output = batch_and_output()
+    mask = batch.response_mask.bool()
+    lag = torch.tensor([[0.3, -0.2, 0.9, 0.0], [0.1, 0.0, 0.0, 0.0], [-0.05, 0.05, 0.02, 0.0]])  # log π_θ − log π_rollout
+    rollout = (output.log_probs.detach() - lag) * mask
+    batch = batch.with_fields(rollout_log_probs=rollout, old_log_probs=rollout)  # bypass: old = rollout
+    bypass = BypassCorrection(loss_type="reinforce", rollout_is="token", rollout_is_threshold=1.5,
+                              rollout_is_batch_normalize=False, rejection={"seq_max_k2": (None, 0.2)})
+    num_tokens = int(mask.sum())
+    loss, metrics = actor("k1", entropy_coeff=0.0, bypass=bypass, use_kl_loss=False)._loss(
+        output, batch, LossContext(num_tokens=num_tokens, num_sequences=3, dp_size=1))
+    loss.backward()
+    weights = torch.exp(lag).clamp(max=1.5)
+    kept = torch.tensor([[0.0], [1.0], [1.0]])  # ½·0.9² = 0.405 > 0.2 rejects the first sample
+    expected = torch.where(mask, -batch.advantages * weights * kept / num_tokens, torch.zeros_like(lag))
+    torch.testing.assert_close(output.log_probs.grad, expected)
+    assert metrics["rollout_corr/rollout_rs_seq_masked_fraction"] == pytest.approx(1 / 3)
+    assert metrics["rollout_corr/rollout_is_max"] == pytest.approx(math.exp(0.9), rel=1e-5)  # before truncation

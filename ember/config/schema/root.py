@@ -51,6 +51,12 @@ class EmberConfig:
         "one_step_off_ppo_megatron_trainer": {"async_training": {"mode": "one_step_off"},
                                               "actor_rollout_ref": {"hybrid_engine": False,
                                                                     "actor": {"strategy": "megatron"}}},
+        # verl's fully_async_policy recipe (the keys its config sets that ember's loop reads)
+        "fully_async_ppo_trainer": {"async_training": {"mode": "fully_async"},
+                                    "actor_rollout_ref": {"hybrid_engine": False}},
+        "fully_async_ppo_megatron_trainer": {"async_training": {"mode": "fully_async"},
+                                             "actor_rollout_ref": {"hybrid_engine": False,
+                                                                   "actor": {"strategy": "megatron"}}},
     }
     key_aliases: ClassVar[dict[str, str]] = {
         "ray_kwargs.ray_init": "ray_init",  # verl's newer spelling, and the NLA fork's
