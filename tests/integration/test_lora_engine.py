@@ -1,6 +1,7 @@
 """LoRA on the FSDP2 engine at world size 1 on CPU: the update against a plain-torch LoRA and Adam by
 hand, a frozen base, the reference as the adapter-off module, merged weights for the rollout engine,
-PEFT's adapter folder and the merged export, and an adapter-only checkpoint that resumes exactly."""
+PEFT's adapter folder and the merged export, an adapter-only checkpoint that resumes exactly, and 2 gloo
+ranks (torchrun) streaming, saving and exporting what one process does."""
 
 import os
 from dataclasses import replace
@@ -9,12 +10,13 @@ import pytest
 import torch
 from fsdp_engine_worker import engine_options, make_batch, make_model_dir, mean_log_prob_loss
 from peft import PeftModel
+from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
 from ember.engines.dcp_folder import saved_tensor_shapes
 from ember.engines.fsdp.engine import FSDPEngine
-from ember.engines.lora import LoraOptions, hf_name, is_adapter_name
+from ember.engines.lora import LoraOptions, hf_name, is_adapter_name, to_peft_name
 from ember.engines.optim import OptimOptions
 from ember.workers.reference import Reference
 
@@ -167,3 +169,30 @@ def test_checkpoint_holds_the_adapter_alone_and_resumes_exactly(model_dir, tmp_p
     assert metrics == expected
     final = adapter(resumed)
     assert all(torch.equal(final[name], tensor) for name, tensor in adapter(uninterrupted).items())
+
+
+@pytest.mark.slow
+def test_two_ranks_stream_save_and_export_what_one_process_does(model_dir, tmp_path):
+    from lora_two_ranks_worker import lora_engine as two_rank_engine
+    from two_ranks import run_two_ranks
+
+    run_two_ranks(os.path.join(os.path.dirname(__file__), "lora_two_ranks_worker.py"), model_dir, str(tmp_path),
+                  timeout=120)
+    streams = torch.load(tmp_path / "result.pt")
+    engine = two_rank_engine(model_dir)
+    batch = make_batch()
+    for _ in range(2):
+        engine.train_mini_batch(batch, mean_log_prob_loss, micro_batch_size=4)
+    for trained_only, streamed in streams.items():
+        expected = dict(pair for bucket in engine.named_parameters_for_sync(trained_only=trained_only)
+                        for pair in bucket)
+        assert streamed.keys() == expected.keys()
+        for name, tensor in expected.items():
+            torch.testing.assert_close(streamed[name], tensor, atol=1e-6, rtol=0, msg=name)
+    assert len(streams[True]) == 2 * 7  # all-linear: the 7 linear layers of each of the 2 decoder layers
+    resumed = two_rank_engine(model_dir)
+    resumed.load(str(tmp_path / "checkpoint"))  # the 2-rank adapter checkpoint at one rank
+    peft_file = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    for name, tensor in adapter(engine).items():
+        torch.testing.assert_close(adapter(resumed)[name], tensor, atol=1e-6, rtol=0)
+        torch.testing.assert_close(peft_file[to_peft_name(name)], tensor, atol=1e-6, rtol=0)
