@@ -16,6 +16,7 @@ asks for LoRA without it is refused at load time (`config/lora_rules.py`).
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -51,7 +52,8 @@ class LoraOptions:
     exclude_modules: tuple[str, ...] = ()
     """Module names left without adapters."""
     adapter_path: str | None = None
-    """A PEFT adapter folder to start from (its config decides the shapes; its weights the start)."""
+    """A PEFT adapter folder to start from: its config decides the adapted layers and alpha (its rank must equal
+    `rank`), its weights the start."""
     key: str = "actor_rollout_ref.model"
     """The config section these came from, named in errors."""
 
@@ -115,15 +117,19 @@ def add_lora(model: nn.Module, options: LoraOptions) -> None:
             parameter.data = parameter.data.float()
 
 
-def load_adapter_weights(model: nn.Module, path: str) -> None:
-    """The weights of the PEFT adapter folder `path` into `model`'s adapters (added by `add_lora`)."""
+def load_adapter_weights(model: nn.Module, options: LoraOptions) -> None:
+    """The weights of the PEFT adapter folder `options.adapter_path` into `model`'s adapters (added by `add_lora`
+    from the folder's config)."""
+    path = options.adapter_path
     saved = load_file(os.path.join(path, ADAPTER_WEIGHTS_FILE))
     ours = {from_peft_name(name): tensor for name, tensor in saved.items()}
     own = dict(model.named_parameters())
     missing = sorted(name for name in own if is_adapter_name(name) and name not in ours)
-    if missing or set(ours) - set(own):
-        raise UserError(f"the adapter at {path} does not fit the model: "
-                        f"{(missing or sorted(set(ours) - set(own)))[0]} differs")
+    extra = sorted(set(ours) - set(own))
+    if missing or extra:
+        what = f"{missing[0]} is not in its file" if missing else f"its {extra[0]} is not in the model"
+        raise UserError(f"{options.key}.lora_adapter_path={path} is an adapter of another model: {what}; point "
+                        "lora_adapter_path at an adapter of this model")
     with torch.no_grad():
         for name, tensor in ours.items():
             own[name].copy_(tensor)
@@ -216,7 +222,7 @@ def write_adapter_folder(out_dir: str, adapter_state: dict[str, Tensor], model: 
     """PEFT's adapter folder (`adapter_config.json`, `adapter_model.safetensors`) of `model`'s adapter,
     whose whole tensors are `adapter_state` (under the model's parameter names), for
     `PeftModel.from_pretrained(base, out_dir)`."""
-    config: LoraConfig = model.peft_config[ADAPTER]
+    config: LoraConfig = copy.copy(model.peft_config[ADAPTER])  # the trained model's own config stays as it is
     config.base_model_name_or_path = base_model_path
     config.inference_mode = True
     os.makedirs(out_dir, exist_ok=True)

@@ -47,7 +47,7 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
         if lora is not None:
             add_lora(pretrained, lora)
             if lora.adapter_path:
-                load_adapter_weights(pretrained, lora.adapter_path)
+                load_adapter_weights(pretrained, lora)
     model = build_model_on_meta(config, value_head=value_head, dtype=model_dtype,
                                 attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
     if lora is not None:
