@@ -100,8 +100,9 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
     is megatron), else FSDP2. The speed switches come from wherever the caller's config keeps
     them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT; compiling
     from `actor.use_torch_compile`); the Megatron engine takes `use_remove_padding` alone (packed
-    rows in megatron-core's THD format). `lora`: LoRA adapters (FSDP2 only; `trainer/lora_setup.py`). `nla`: NLA's options (injection_mode of the actor and the reference;
-    output_layer_index and truncate_at_layer of a reconstructor), which both engines take."""
+    rows in megatron-core's THD format). `lora`: LoRA adapters (FSDP2 only; `trainer/lora_setup.py`). `nla`: NLA's
+    options (injection_mode of the actor and the reference; output_layer_index and truncate_at_layer of a
+    reconstructor), which both engines take."""
     if megatron is not None:
         from ember.engines.megatron.engine import MegatronEngine
         from ember.engines.megatron.options import megatron_options

@@ -89,8 +89,9 @@ def test_grpo_with_lora_and_kl_loss_trains_the_adapter_against_the_base_and_expo
 
 def sft_lora_args(workspace, run_dir, *extra):  # noqa: F811
     # a constant schedule: the interrupted run is two runs of 2 and 4 steps
-    return run_args(workspace, run_dir, "model.lora_rank=4", "model.lora_alpha=16", "model.target_modules=[q_proj,v_proj]",
-                    "optim.lr=1e-2", "optim.warmup_steps_ratio=0", "optim.lr_scheduler=constant", "data.train_batch_size=4", "trainer.save_freq=2",
+    return run_args(workspace, run_dir, "model.lora_rank=4", "model.lora_alpha=16",
+                    "model.target_modules=[q_proj,v_proj]", "optim.lr=1e-2", "optim.warmup_steps_ratio=0",
+                    "optim.lr_scheduler=constant", "data.train_batch_size=4", "trainer.save_freq=2",
                     *extra)
 
 
