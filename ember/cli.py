@@ -56,7 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     export = commands.add_parser("export", help="write a training checkpoint as a HF model folder loadable by transformers",
                                  description="write a training checkpoint as a HF model folder loadable by transformers")
     export.add_argument("checkpoint_dir", metavar="CKPT_DIR", help="checkpoint folder written by ember train or ember sft")
-    export.add_argument("output_dir", metavar="OUT_DIR", help="folder to write the HF model and tokenizer to")
+    export.add_argument("output_dir", metavar="OUT_DIR", help="folder to write the HF model and tokenizer to (a LoRA "
+                        "run's: PEFT's adapter folder, for PeftModel.from_pretrained on the base model)")
+    export.add_argument("--merged", action="store_true",
+                        help="a LoRA run: write the base model with the adapter merged in, as a HF model folder")
     return parser
 
 
@@ -127,7 +130,7 @@ def _run_preprocess(argv: list[str]) -> int:
 def _run_export(args: argparse.Namespace) -> int:
     from ember.trainer.export import export_checkpoint
 
-    export_checkpoint(args.checkpoint_dir, args.output_dir)
+    export_checkpoint(args.checkpoint_dir, args.output_dir, merged=args.merged)
     return 0
 
 

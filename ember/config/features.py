@@ -142,7 +142,6 @@ RL_UNIMPLEMENTED: list[Row] = [
     _flag("reward_model.enable"),
     _flag(f"{_A}.model.enable_activation_offload"),
     _flag("critic.model.enable_activation_offload"),
-    _flag(f"{_A}.model.lora_rank", "(LoRA) is not implemented yet; use 0"),
     _flag(f"{_A}.actor.ulysses_sequence_parallel_size"),
     _flag(f"{_A}.ref.ulysses_sequence_parallel_size"),
     _flag("critic.ulysses_sequence_parallel_size"),
@@ -158,7 +157,6 @@ RL_UNIMPLEMENTED: list[Row] = [
 SFT_UNIMPLEMENTED: list[Row] = [
     *_megatron_rows("model"),
     *_megatron_offload_rows("model"),
-    _flag("model.lora_rank", "(LoRA) is not implemented yet; use 0"),
     _flag("ulysses_sequence_parallel_size"),
     # the fork's SFT files name its own NLA dataset class, which ember nla sft replaces
     (lambda cfg: cfg.data.custom_cls.path is not None

@@ -17,6 +17,7 @@ from typing import Any
 
 from ember.config.errors import ConfigError
 from ember.config.introspect import value_at
+from ember.config.lora_rules import lora_errors
 from ember.config.nla_rules import megatron_critic_pipeline_error, nla_extract_errors, nla_sft_errors, nla_train_errors
 from ember.config.numbers import number_errors
 from ember.config.parallel import data_parallel_size, nearest_divisors, world_size
@@ -33,6 +34,7 @@ from ember.config.schema.trainer import LOGGERS_FROM_EXTRAS
 _ACTOR = "actor_rollout_ref.actor"
 _REF = "actor_rollout_ref.ref"
 _ROLLOUT = "actor_rollout_ref.rollout"
+_MODEL = "actor_rollout_ref.model"
 _POOL_ROLE = {_ACTOR: "actor_rollout", _REF: "ref", "critic": "critic"}  # each section's role in resource_pool
 _MEGATRON_SIZES = ("tensor_model_parallel_size", "pipeline_model_parallel_size", "virtual_pipeline_model_parallel_size",
                    "context_parallel_size", "expert_model_parallel_size", "expert_tensor_parallel_size")
@@ -346,6 +348,9 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
         roles.append((_REF, ref))
     if critic.enable:
         roles.append(("critic", critic))
+    errors += lora_errors(_MODEL, cfg.actor_rollout_ref.model, actor.strategy, f"{_ACTOR}.strategy")
+    if ref_used and ref.strategy != actor.strategy:  # a LoRA reference is the actor's module without its adapter
+        errors += lora_errors(_MODEL, cfg.actor_rollout_ref.model, ref.strategy, f"{_REF}.strategy")
     for role, section in roles:
         errors += _parallel_errors(role, section.strategy, section.megatron, section.ulysses_sequence_parallel_size, cfg,
                                    pool_role=_POOL_ROLE[role])
@@ -434,6 +439,8 @@ def _sft_errors(cfg: SFTConfig) -> list[str]:
     errors = _bound_errors(cfg, bounds) + _betas_errors("optim.betas", cfg.optim.betas)
     errors += _logger_package_errors(cfg.trainer.logger)
     errors += _parallel_errors("model", model.strategy, model.megatron, cfg.ulysses_sequence_parallel_size, cfg)
+    strategy = model.strategy or ("megatron" if model.megatron is not None else "fsdp2")
+    errors += lora_errors("model", model, strategy, "model.strategy")
     if errors:
         return errors
     data_parallel = data_parallel_size(world_size(cfg.trainer), model.strategy, model.megatron, cfg.ulysses_sequence_parallel_size)

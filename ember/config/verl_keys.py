@@ -141,8 +141,10 @@ RL_VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.model.custom_chat_template": VerlKey("set data.chat_template instead", None, refuse=True),
     "actor_rollout_ref.model.hf_config_path": VerlKey("the model's config.json is read from model.path", None,
                                                       refuse=True),
-    "actor_rollout_ref.model.exclude_modules": VerlKey("LoRA's excluded modules are not supported", None,
-                                                       refuse=True),
+    "actor_rollout_ref.model.use_shm": VerlKey("models are read in place", False),
+    "actor_rollout_ref.rollout.layered_summon": VerlKey(
+        "ember's weight sync always gathers a bucket of layers at a time (about 512 MiB), and with LoRA sends only "
+        "the adapted layers, merged", False),
     "actor_rollout_ref.model.fused_kernel_options": VerlKey("ember's fused log-probs have one implementation"),
     "actor_rollout_ref.rollout.agent": VerlKey(
         "verl's agent-loop workers and servers (num_workers, default_agent_loop, custom_async_server: no effect); "

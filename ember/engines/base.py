@@ -155,11 +155,20 @@ class TrainEngine(ABC):
         return False
 
     @abstractmethod
-    def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
-        """Full (unsharded) weights under their Hugging Face names, in buckets of about `bucket_bytes`.
+    def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20,
+                                  trained_only: bool = False) -> Iterator[list[tuple[str, Tensor]]]:
+        """Full (unsharded) weights under their Hugging Face names, in buckets of about `bucket_bytes`;
+        with `trained_only`, only those training can change (with LoRA, the adapted layers, merged;
+        otherwise all of them).
 
         Every rank must consume the whole iterator: gathering a weight is a collective.
         """
+
+    @contextmanager
+    def adapters_disabled(self) -> Iterator[TrainEngine]:
+        """Forwards in the block compute the base model without its LoRA adapters (the reference policy of a
+        LoRA actor); an engine without adapters computes as it always does."""
+        yield self
 
     @abstractmethod
     def module(self) -> nn.Module:

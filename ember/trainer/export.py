@@ -6,7 +6,10 @@ configuration (`<run_dir>/config.yaml`, written when the run starts), whose base
 (`actor_rollout_ref.model.path` for RL, `model.partial_pretrain` for SFT) must still exist;
 which of the two commands wrote the run is read from that file's sections. The weights are
 loaded into a forward-only engine built as the run built its own and written with the run's
-tokenizer, ready for `AutoModelForCausalLM.from_pretrained`. A checkpoint with a missing or
+tokenizer, ready for `AutoModelForCausalLM.from_pretrained`. A LoRA run's checkpoint holds the
+adapter alone: it is written as PEFT's adapter folder (`adapter_config.json`,
+`adapter_model.safetensors`) for `PeftModel.from_pretrained(base, folder)`, or with `merged=True`
+(`ember export --merged`) as the base model with the adapter merged in. A checkpoint with a missing or
 damaged file is refused with an error that names the file (`resume.py` checks and loads it).
 """
 
@@ -21,7 +24,9 @@ from transformers import PreTrainedTokenizerBase
 from ember.config import ConfigError, EmberConfig, SFTConfig, load_config
 from ember.config.yaml_io import read_yaml_file
 from ember.errors import UserError
+from ember.engines.lora import LoraOptions
 from ember.trainer.checkpoint import CheckpointError, CheckpointProblem
+from ember.trainer.lora_setup import lora_options
 from ember.trainer.resume import check_engine_files, load_engines
 from ember.trainer.rank_setup import build_engine, megatron_section
 from ember.trainer.rank_setup import load_tokenizer as load_rl_tokenizer
@@ -43,11 +48,13 @@ class PolicySource:
     seed: int
     megatron: Any = None
     """The policy's `megatron` section when it trained with strategy megatron, else None."""
+    lora: LoraOptions | None = None
+    """The policy's LoRA adapters when it trained with them, else None."""
 
 
-def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
-    """Writes the policy of `checkpoint_dir` (a `global_step_N` folder) to `out_dir`, says where on one
-    line, and returns `out_dir`."""
+def export_checkpoint(checkpoint_dir: str, out_dir: str, merged: bool = False) -> str:
+    """Writes the policy of `checkpoint_dir` (a `global_step_N` folder) to `out_dir` (a LoRA run's: its adapter
+    folder, or with `merged` the merged model), says where on one line, and returns `out_dir`."""
     checkpoint_dir = os.path.normpath(checkpoint_dir)
     policy_dir = os.path.join(checkpoint_dir, ENGINE_DIR)
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):  # transformers would log it and write nothing
@@ -63,16 +70,23 @@ def export_checkpoint(checkpoint_dir: str, out_dir: str) -> str:
     # "ref": weights only; the optimizer state in the checkpoint is not needed to export, nor the
     # run's CPU offload policy (refused on a machine without an accelerator, useless for one forward).
     fsdp_config = replace(source.fsdp_config, offload_policy=False)
+    if merged and source.lora is None:
+        raise UserError(f"--merged merges a LoRA adapter, but the run of {checkpoint_dir} trained all weights "
+                        "(lora_rank=0); export without --merged")
     engine = build_engine(source.model_path, "ref", source.model_cfg, fsdp_config, None, seed=source.seed,
-                          megatron=source.megatron)
+                          megatron=source.megatron, lora=source.lora)
     try:
         check_engine_files(checkpoint_dir, [(ENGINE_DIR, engine)])
         load_engines(checkpoint_dir, [(ENGINE_DIR, engine)])
     except CheckpointProblem as problem:
         raise CheckpointError(f"checkpoint {checkpoint_dir} cannot be exported: {problem}. Export another "
                               "global_step_N folder of the run") from None
+    if source.lora is not None and not merged:
+        engine.export_lora_adapter(out_dir)
+        print(f"{checkpoint_dir} exported (PEFT adapter of {source.model_path}): {out_dir}", flush=True)
+        return out_dir
     engine.export_hf(out_dir, tokenizer=source.tokenizer)
-    print(f"{checkpoint_dir} exported (Hugging Face format): {out_dir}", flush=True)
+    print(f"{checkpoint_dir} exported (Hugging Face format{', LoRA merged' if merged else ''}): {out_dir}", flush=True)
     return out_dir
 
 
@@ -91,12 +105,12 @@ def read_policy_source(run_dir: str) -> PolicySource:
         check_model_path(f"actor_rollout_ref.model.path (in {path})", model.path)
         actor = cfg.actor_rollout_ref.actor
         return PolicySource(model.path, model, actor.fsdp_config, load_rl_tokenizer(cfg), cfg.trainer.seed,
-                            megatron_section(actor))
+                            megatron_section(actor), lora_options(model, "actor_rollout_ref.model"))
     if "partial_pretrain" in (sections.get("model") or {}):
         cfg = load_config([], config_path=config_dir, config_name=config_name, schema=SFTConfig)
         check_model_path(f"model.partial_pretrain (in {path})", cfg.model.partial_pretrain)
         return PolicySource(cfg.model.partial_pretrain, cfg.model, cfg.model.fsdp_config, load_sft_tokenizer(cfg),
-                            cfg.trainer.seed, megatron_section(cfg.model))
+                            cfg.trainer.seed, megatron_section(cfg.model), lora_options(cfg.model, "model"))
     raise ConfigError(f"{path} is the configuration of neither an ember train run (no actor_rollout_ref section) "
                       "nor an ember sft run (no model.partial_pretrain); pass a global_step_N folder inside the run "
                       "folder of one of them")

@@ -23,10 +23,12 @@ from ember.config.schema.rollout import STAND_IN_NAMES
 from ember.distributed.device import current_device, device_type, rank, request_device
 from ember.engines.base import MicroBatchSpec, TrainEngine
 from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
+from ember.engines.lora import LoraOptions
 from ember.engines.optim import OptimOptions
 from ember.inference.config import EngineConfig
 from ember.models.loading import build_model_on_meta, load_model_config, resolve_dtype
 from ember.rollout import build_rollout
+from ember.trainer.lora_setup import lora_options
 from ember.trainer.metrics import timed
 from ember.trainer.rollout_correction import bypass_correction
 from ember.workers.actor import Actor, ActorOptions
@@ -93,13 +95,15 @@ def optim_options(optim, grad_clip: float, total_rl_steps: int, updates_per_step
 
 def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: OptimOptions | None, seed: int, *,
                  use_remove_padding: bool = False, use_fused_kernels: bool = False,
-                 compile_layers: bool = False, use_liger: bool = False, megatron=None, **nla) -> TrainEngine:
+                 compile_layers: bool = False, use_liger: bool = False, megatron=None, lora: LoraOptions | None = None,
+                 **nla) -> TrainEngine:
     """The engine for `role`: Megatron when the role's `megatron` section is given (its strategy
     is megatron), else FSDP2. The speed switches come from wherever the caller's config keeps
     them (`*.model.use_remove_padding` in RL, top-level `use_remove_padding` in SFT; compiling
     from `actor.use_torch_compile`); the Megatron engine takes `use_remove_padding` alone (packed
-    rows in megatron-core's THD format). `nla`: NLA's options (injection_mode of the actor and the reference;
-    output_layer_index and truncate_at_layer of a reconstructor), which both engines take."""
+    rows in megatron-core's THD format). `lora`: LoRA adapters (FSDP2 only; `trainer/lora_setup.py`). `nla`: NLA's
+    options (injection_mode of the actor and the reference; output_layer_index and truncate_at_layer of a
+    reconstructor), which both engines take."""
     if megatron is not None:
         from ember.engines.megatron.engine import MegatronEngine
         from ember.engines.megatron.options import megatron_options
@@ -123,7 +127,7 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy,
         full_determinism=fsdp_config.full_determinism, compile_layers=compile_layers, use_liger=use_liger, seed=seed, optim=optim or OptimOptions(),
         override_config=dict(getattr(model_cfg, "override_config", None) or {}),
-        trust_remote_code=bool(getattr(model_cfg, "trust_remote_code", False)), **nla))
+        trust_remote_code=bool(getattr(model_cfg, "trust_remote_code", False)), lora=lora, **nla))
 
 
 def run_noise_injection(cfg: EmberConfig, total_steps: int) -> NoiseInjection | None:
@@ -143,7 +147,6 @@ def stand_in_note(rollout_cfg) -> str:
     name = rollout_cfg.name
     ignored = [f"load_format={rollout_cfg.load_format}"] if rollout_cfg.load_format != "dummy_dtensor" else []
     ignored += [f"engine_kwargs.{name}.{key}" for key in sorted(rollout_cfg.engine_kwargs.get(name) or {})]
-    ignored += ["layered_summon=true"] if rollout_cfg.layered_summon else []
     note = (f"actor_rollout_ref.rollout.name={name}: ember's own engine generates in its place, honouring "
             "gpu_memory_utilization, enforce_eager, free_cache_engine, max_num_batched_tokens, max_num_seqs, "
             "enable_chunked_prefill and the sampling keys (set rollout.require_named_engine=true to stop instead)")
@@ -231,7 +234,8 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
         with timed(seconds, "actor"):
             actor_engine = build_engine(model_path, "actor", arr.model, actor_cfg.fsdp_config,
                                         optim_options(actor_cfg.optim, actor_cfg.grad_clip, total_steps, actor_updates),
-                                        seed=cfg.trainer.seed, megatron=megatron_section(actor_cfg), **speed_switches)
+                                        seed=cfg.trainer.seed, megatron=megatron_section(actor_cfg),
+                                        lora=lora_options(arr.model, "actor_rollout_ref.model"), **speed_switches)
         mini_batch_samples = rank_share(actor_cfg.ppo_mini_batch_size * n, actor_engine,
                                         "actor_rollout_ref.actor.ppo_mini_batch_size × rollout.n")
         actor = Actor(actor_engine, ActorOptions(
@@ -260,9 +264,12 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
             built["rollout"] = build_policy_rollout(cfg, total_steps, None)
     if "reference" in roles:
         ref_cfg = arr.ref
-        with timed(seconds, "reference"):
-            engine = build_engine(model_path, "ref", arr.model, ref_cfg.fsdp_config, None, seed=cfg.trainer.seed,
-                                  megatron=megatron_section(ref_cfg), **speed_switches)
+        if arr.model.lora_rank:  # the base policy is the actor's module with its adapter off: no second copy
+            engine = built["actor"].engine
+        else:
+            with timed(seconds, "reference"):
+                engine = build_engine(model_path, "ref", arr.model, ref_cfg.fsdp_config, None, seed=cfg.trainer.seed,
+                                      megatron=megatron_section(ref_cfg), **speed_switches)
         built["reference"] = Reference(engine, micro_batch_spec(
             ref_cfg.log_prob_use_dynamic_bsz, ref_cfg.log_prob_max_token_len_per_gpu,
             ref_cfg.log_prob_micro_batch_size_per_gpu, batch_samples), temperature=arr.rollout.temperature)
@@ -272,9 +279,10 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
     elif "critic" in roles:
         with timed(seconds, "critic"):
             built["critic"] = build_critic(cfg, total_steps)
-    for role in ("actor", "reference", "critic"):  # param/optimizer_offload: on the device only in its phases
-        if role in built:
-            built[role].engine.offload()
+    # param/optimizer_offload: on the device only in its phases (a LoRA reference shares the actor's engine)
+    engines = {id(built[role].engine): built[role].engine for role in ("actor", "reference", "critic") if role in built}
+    for engine in engines.values():
+        engine.offload()
     logger.info("engines built on rank %d: %s", rank(),
                 ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()))
     return built

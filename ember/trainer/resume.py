@@ -45,6 +45,7 @@ from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from transformers import PretrainedConfig
 
 from ember.engines.base import TrainEngine
+from ember.engines.lora import LoraOptions, add_lora, is_adapter_name
 from ember.models.loading import build_model_on_meta, load_model_config
 from ember.trainer.checkpoint import CheckpointError, CheckpointManager, CheckpointProblem
 from ember.trainer.run_state import SavedRunState, read_run_state
@@ -149,6 +150,8 @@ class CheckpointedModel:
     value_head: bool = False
     overrides: dict[str, Any] | None = None
     trust_remote_code: bool = False
+    lora: LoraOptions | None = None
+    """With LoRA the engine's checkpoint holds the adapter's tensors alone (`FSDPEngine.save`)."""
 
     def config(self) -> PretrainedConfig:
         return load_model_config(self.path, value_head=self.value_head, overrides=self.overrides,
@@ -164,7 +167,11 @@ class CheckpointedModel:
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Each tensor of the model's state dict, as the FSDP engine saves it, with its full shape."""
         model = build_model_on_meta(self.config(), value_head=self.value_head, trust_remote_code=self.trust_remote_code)
-        return {name: tuple(tensor.shape) for name, tensor in get_model_state_dict(model).items()}
+        if self.lora is None:
+            return {name: tuple(tensor.shape) for name, tensor in get_model_state_dict(model).items()}
+        add_lora(model, self.lora)
+        return {name: tuple(tensor.shape) for name, tensor in get_model_state_dict(model).items()
+                if is_adapter_name(name)}
 
 
 def model_mismatch(folder: str, saved: dict[str, tuple[int, ...]], model: CheckpointedModel) -> str | None:

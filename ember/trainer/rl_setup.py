@@ -23,6 +23,7 @@ from ember.distributed.ray_cluster import start_ray, write_timeline
 from ember.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from ember.rewards import RewardManager, resolve_reward_fn
 from ember.trainer.rank_setup import import_external_libs, load_tokenizer, run_noise_injection, stop_token_ids
+from ember.trainer.lora_setup import check_lora_model, lora_options
 from ember.trainer.rank_worker import RankWorker
 from ember.trainer.resume import CheckpointedModel
 from ember.trainer.experiment_trackers import check_tracker_login
@@ -157,6 +158,7 @@ def check_input_paths(cfg: EmberConfig) -> None:
                              else cfg.critic.model.trust_remote_code)
     check_override_config("actor_rollout_ref.model", arr.model.path, arr.model.override_config,
                           arr.model.trust_remote_code)
+    check_lora_model(lora_options(arr.model, "actor_rollout_ref.model"), arr.model.path, arr.model.trust_remote_code)
     if uses_critic(cfg) and cfg.critic.model.path is not None:
         check_override_config("critic.model", cfg.critic.model.path, cfg.critic.model.override_config,
                               cfg.critic.model.trust_remote_code)
@@ -196,7 +198,8 @@ def checkpointed_models(cfg: EmberConfig) -> list[CheckpointedModel]:
     PPO critic (NLA's reconstructor, cut after a layer, is not checked)."""
     model, critic = cfg.actor_rollout_ref.model, cfg.critic.model
     models = [CheckpointedModel("actor", "actor_rollout_ref.model.path", model.path, overrides=model.override_config,
-                                trust_remote_code=model.trust_remote_code)]
+                                trust_remote_code=model.trust_remote_code,
+                                lora=lora_options(model, "actor_rollout_ref.model"))]
     if uses_critic(cfg) and getattr(cfg, "nla", None) is None and critic.path is not None:
         models.append(CheckpointedModel("critic", "critic.model.path", critic.path, value_head=True,
                                         overrides=critic.override_config, trust_remote_code=critic.trust_remote_code))
@@ -261,7 +264,9 @@ def pool_roles(cfg: EmberConfig, placement: Placement) -> list[tuple[Pool, tuple
     """Each pool that holds a role of this run, with the roles its processes build (actor and rollout
     together, unless `hybrid_engine=false` gives the rollout its own pool; the reference and critic beside
     them unless their own pool is elsewhere)."""
-    wanted = {"actor": "actor_rollout", "reference": "ref", "critic": "critic"}
+    # A LoRA reference is the actor's module with the adapter off: it lives in the actor's processes.
+    wanted = {"actor": "actor_rollout", "reference": "actor_rollout" if cfg.actor_rollout_ref.model.lora_rank else "ref",
+              "critic": "critic"}
     if not uses_reference(cfg):
         wanted.pop("reference")
     if not uses_critic(cfg):

@@ -5,7 +5,9 @@ rank walks the same order and trains on its contiguous 1/dp block of them, so th
 is the one a single process gets on the whole batch (the engine normalises the token-mean
 loss by global token counts). Validation loss every `trainer.test_freq` steps and at the
 end, checkpoints (engine, loader position, RNG) every `trainer.save_freq` steps and at the
-end, then a Hugging Face export to `default_local_dir/hf_model` and `curves.png`.
+end, then a Hugging Face export to `default_local_dir/hf_model` and `curves.png` (with LoRA,
+`model.lora_rank` > 0: only the adapter trains and is checkpointed; `hf_model` is the merged model and
+`lora_adapter` PEFT's adapter folder).
 
 Several processes: `torchrun --nproc_per_node=N -m ember.trainer.sft key=value ...`. The
 launch decides the world size: torchrun's process counts fill `trainer.nnodes` and
@@ -41,6 +43,7 @@ from ember.trainer.command_line import (OVERRIDE_HELP, RunPlan, add_config_argum
 from ember.trainer.experiment_trackers import TrackedRun, check_tracker_login
 from ember.trainer.faults import BadStepGuard, BadStepsError, StopRequest
 from ember.trainer.loggers import MetricLogger
+from ember.trainer.lora_setup import check_lora_model, lora_options
 from ember.trainer.plot import plot_curves
 from ember.trainer.resume import CheckpointedModel, resume_from_checkpoint
 from ember.trainer.run_folder import check_run_folder, claim_run_folder
@@ -54,7 +57,8 @@ from ember.trainer.sft_step import sft_eval_sums, sft_update
 logger = logging.getLogger("ember.sft")
 
 ENGINE_DIR = "actor"  # the engine's folder inside global_step_N, named as `ember train` names the policy's
-RUN_STATE_KEYS = ("step", "loader")  # what `save` writes to trainer_state.json
+RUN_STATE_KEYS = ("step", "loader")
+LORA_ADAPTER_DIR = "lora_adapter"  # with LoRA, PEFT's adapter folder beside hf_model (the merged model)  # what `save` writes to trainer_state.json
 
 
 class SFTTrainer:
@@ -96,7 +100,7 @@ class SFTTrainer:
         return build_engine(cfg.model.partial_pretrain, "actor", cfg.model, cfg.model.fsdp_config,
                             sft_optim_options(cfg.optim, self.total_steps), seed=cfg.trainer.seed,
                             use_remove_padding=cfg.use_remove_padding, use_liger=cfg.model.use_liger,
-                            megatron=megatron_section(cfg.model))
+                            megatron=megatron_section(cfg.model), lora=lora_options(cfg.model, "model"))
 
     def update(self, examples: list) -> dict[str, float]:
         """One optimizer step on this rank's share of the examples."""
@@ -209,9 +213,15 @@ class SFTTrainer:
         logger.warning("resumed from %s at step %d", resumed.path, self.step)
 
     def finish(self) -> None:
-        """The trained model as a Hugging Face directory, and the loss curves as a PNG."""
+        """The trained model as a Hugging Face directory (with LoRA: merged, and the adapter as PEFT's folder
+        `lora_adapter` beside it), and the loss curves as a PNG."""
         export_dir = os.path.join(self.run_dir, "hf_model")
         self.engine.export_hf(export_dir, tokenizer=self.tokenizer)
+        if self.cfg.model.lora_rank:
+            adapter_dir = os.path.join(self.run_dir, LORA_ADAPTER_DIR)
+            self.engine.export_lora_adapter(adapter_dir)
+            if self.rank == 0:
+                print(f"LoRA adapter (PEFT format): {adapter_dir}", flush=True)
         if self.rank != 0:
             return
         plot_path = plot_curves(os.path.join(self.run_dir, "metrics.jsonl"), os.path.join(self.run_dir, "curves.png"),
@@ -277,7 +287,7 @@ def sft_checkpointed_models(cfg: SFTConfig) -> list[CheckpointedModel]:
         return []
     model = cfg.model
     return [CheckpointedModel(ENGINE_DIR, "model.partial_pretrain", model.partial_pretrain,
-                              trust_remote_code=model.trust_remote_code)]
+                              trust_remote_code=model.trust_remote_code, lora=lora_options(model, "model"))]
 
 
 def check_sft_config(cfg: SFTConfig) -> None:
@@ -295,6 +305,7 @@ def check_sft_config(cfg: SFTConfig) -> None:
                     model.tokenizer_path or model.partial_pretrain,
                     model_vocab_size(model.partial_pretrain, model.trust_remote_code), "model.partial_pretrain",
                     model.trust_remote_code)
+    check_lora_model(lora_options(model, "model"), model.partial_pretrain, model.trust_remote_code)
     if cfg.model.strategy == "megatron":
         check_megatron_sizes("model.megatron", cfg.model.partial_pretrain, cfg.model.megatron, cfg.model.trust_remote_code)
     if cfg.data.train_files is None:

@@ -1,4 +1,8 @@
-"""The reference role: the frozen starting policy whose log-probs anchor the KL term."""
+"""The reference role: the frozen starting policy whose log-probs anchor the KL term.
+
+Its engine is a forward-only copy of the starting model, or with LoRA the actor's own engine: the
+reference's forwards run with the adapter off (`TrainEngine.adapters_disabled`), which computes the
+starting model exactly, since the base weights are frozen (no second copy of the weights)."""
 
 from __future__ import annotations
 
@@ -18,5 +22,5 @@ class Reference(EngineRole):
         self.temperature = temperature
 
     def compute_log_probs(self, batch: Batch) -> torch.Tensor:
-        with self.engine.resident():
+        with self.engine.resident(), self.engine.adapters_disabled():
             return self.engine.forward(batch, self.micro_batch, temperature=self.temperature).log_probs

@@ -3,7 +3,8 @@ current weights.
 
 The one thing to know: an engine with its own copy of the weights (`rollout.name=ember`) is
 sent the actor's full weights, streamed in buckets, whenever the actor has updated since the
-last sync (`Actor.updates`); gathering them is a collective, so every rank of the actor's
+last sync (`Actor.updates`); after the first sync only the weights training changes (with LoRA,
+the adapted layers with their adapters merged in: `named_parameters_for_sync(trained_only=True)`); gathering them is a collective, so every rank of the actor's
 pool generates at once. An engine that generates with the actor's own module (`hf`, or
 ember's engine sharing the actor's tensors at one rank) needs no sync; the `hf` engine holds
 the actor resident while it generates. With `rollout.free_cache_engine` the engine's KV
@@ -116,8 +117,11 @@ class PolicyRollout:
             return
         stale = self.synced_updates != self.actor.updates or self.synced_noise_step != self.noise_step
         if not self.rollout.shares_training_weights and stale:
+            # After the first sync only what training changes (with LoRA: the adapted layers, merged); noise is
+            # drawn afresh for every weight at each step, so with noise every weight goes every time.
+            trained_only = self.synced_updates is not None and self.noise is None
             with phase("rollout/weight_sync"), self.actor.engine.resident():
-                for bucket in self.actor.engine.named_parameters_for_sync():
+                for bucket in self.actor.engine.named_parameters_for_sync(trained_only=trained_only):
                     if self.noise_step is not None:
                         bucket = self.noise.apply(bucket, self.noise_step)
                     self.rollout.update_weights(bucket)

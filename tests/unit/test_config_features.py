@@ -22,7 +22,6 @@ def test_defaults_need_nothing_unimplemented():
     (["trainer.noise_injection.enabled=true", f"{A}.rollout.name=hf"],
      "trainer.noise_injection with actor_rollout_ref.rollout.name=hf: the hf rollout generates with the actor's own module"),
     (["reward_model.enable=true", "reward_model.model.path=/rm"], "reward_model.enable=true is not implemented yet"),
-    ([f"{A}.model.lora_rank=8"], f"{A}.model.lora_rank=8 (LoRA) is not implemented yet; use 0"),
     ([f"{A}.actor.ulysses_sequence_parallel_size=2", "trainer.n_gpus_per_node=2"], "ulysses_sequence_parallel_size=2"),
     ([f"{A}.rollout.tensor_model_parallel_size=2", "trainer.n_gpus_per_node=2", f"{A}.rollout.name=hf"],
      f"{A}.rollout.tensor_model_parallel_size=2 with {A}.rollout.name=hf: the hf rollout generates with the actor's"),
@@ -72,7 +71,7 @@ def test_packing_and_fused_kernels_are_implemented():
 
 
 def test_several_switches_are_listed_together():
-    cfg = load_config([f"{A}.model.lora_rank=8", f"{A}.model.enable_activation_offload=true"])
+    cfg = load_config(["reward_model.enable=true", "reward_model.model.path=/rm", f"{A}.model.enable_activation_offload=true"])
     messages = unimplemented_features(cfg)
     assert len(messages) == 2
     with pytest.raises(NotImplementedFeature, match="not implemented yet:\n  - "):

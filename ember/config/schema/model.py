@@ -15,7 +15,21 @@ AttentionImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_at
 
 
 @dataclass
-class ModelConfig:
+class LoraKeys:
+    """verl's LoRA keys, the same in `ember train`'s `actor_rollout_ref.model` and `ember sft`'s `model`
+    (`engines/lora.py`; rules in `config/lora_rules.py`)."""
+
+    lora_rank: int = field_(0, "rank of LoRA adapters (PEFT's, FSDP2 only); 0 = train all weights")
+    lora_alpha: float = field_(16, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)")
+    target_modules: str | list[str] = field_(
+        "all-linear", "linear layers that get LoRA adapters: all-linear (all but the LM head) or a list of names")
+    exclude_modules: list[str] | None = field_(None, "linear layer names left without LoRA adapters; null = none")
+    lora_adapter_path: str | None = field_(
+        None, "PEFT adapter folder (adapter_config.json, adapter_model.safetensors) to start LoRA training from")
+
+
+@dataclass
+class ModelConfig(LoraKeys):
     """Which HF model the policy starts from and how it is built."""
 
     path: str | None = field_(None, "HF model directory or hub id; null = ember's built-in tiny model")
@@ -31,11 +45,6 @@ class ModelConfig:
     use_remove_padding: bool = field_(False, "pack sequences without padding (variable-length attention)")
     use_fused_kernels: bool = field_(False, "compute log-probs and entropy with fused kernels instead of full logits")
     trust_remote_code: bool = field_(False, "allow model and tokenizer code shipped with the checkpoint to run")
-    use_shm: bool = field_(False, "verl: copy the checkpoint to shared memory before loading; ember reads it from path (no effect)")
     use_liger: bool = field_(False, "replace layers with Liger kernels (GPU only)")
-    lora_rank: int = field_(0, "rank of LoRA adapters; 0 = train all weights")
-    lora_alpha: int = field_(16, "LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)")
-    target_modules: str | list[str] = field_(
-        "all-linear", "modules that get LoRA adapters: all-linear or a list of module names")
     dtype: ModelDType = field_("auto", "compute dtype of forward and backward; auto = bfloat16 on GPU, float32 on CPU")
     attn_implementation: AttentionImplementation = field_("sdpa", "attention kernel passed to transformers")

@@ -90,7 +90,6 @@ class RolloutConfig:
     max_num_seqs: int = field_(1024, "most sequences decoded at once")
     enable_chunked_prefill: bool = field_(True, "split long prefills into chunks interleaved with decoding")
     load_format: str = field_("dummy_dtensor", "how an external engine initialises its weights before the first sync")
-    layered_summon: bool = field_(False, "gather FSDP weights for syncing one layer at a time to save memory")
     log_prob_micro_batch_size: int | None = field_(
         None, "deprecated: micro-batch over all GPUs; use log_prob_micro_batch_size_per_gpu")
     log_prob_micro_batch_size_per_gpu: int | None = field_(

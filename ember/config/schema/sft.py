@@ -14,7 +14,7 @@ from ember.config.schema.base import Strategy, field_, section
 from ember.config.schema.data import CustomClassConfig, Truncation
 from ember.config.schema.fsdp import FSDPConfig
 from ember.config.schema.megatron import MegatronConfig
-from ember.config.schema.model import AttentionImplementation, ModelDType
+from ember.config.schema.model import AttentionImplementation, LoraKeys, ModelDType
 from ember.config.schema.trainer import RunConfig
 from ember.config.verl_keys import SFT_VERL_KEYS, VerlKey
 from ember.config.verl_sft_engine import SFT_ENGINE_ALIASES, SFT_ENGINE_BASE, SFT_ENGINE_VERL_KEYS
@@ -50,7 +50,7 @@ class SFTDataConfig:
 
 
 @dataclass
-class SFTModelConfig:
+class SFTModelConfig(LoraKeys):
     """The model being fine-tuned and its backend."""
 
     partial_pretrain: str | None = field_(
@@ -59,9 +59,6 @@ class SFTModelConfig:
     external_lib: str | None = field_(None, "Python module imported before loading the model")
     enable_gradient_checkpointing: bool = field_(True, "recompute activations in backward to save memory")
     trust_remote_code: bool = field_(False, "allow model and tokenizer code shipped with the checkpoint to run")
-    lora_rank: int = field_(0, "rank of LoRA adapters; 0 = train all weights")
-    lora_alpha: int = field_(16, "LoRA scaling numerator")
-    target_modules: str | list[str] = field_("all-linear", "modules that get LoRA adapters")
     use_liger: bool = field_(False, "replace layers with Liger kernels (GPU only)")
     dtype: ModelDType = field_("auto", "compute dtype of forward and backward; auto = bfloat16 on GPU, float32 on CPU")
     attn_implementation: AttentionImplementation = field_("sdpa", "attention kernel passed to transformers")

@@ -32,15 +32,18 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from ember.distributed.device import rank
 from ember.engines.dcp_folder import dcp_folder_problem
+from ember.engines.lora import is_adapter_name, merged_layers
 from ember.engines.safe_pickle import RestrictedFileSystemReader, RestrictedLoadPlanner
-from ember.models.loading import build_model_on_meta
+from ember.models.loading import build_model_on_meta, resolve_dtype
 
 ENGINE_STATE_FILE = "engine_state.json"
 
 
-def save_checkpoint(path: str, model: nn.Module, optimizer: Optimizer | None, lr_scheduler: LRScheduler | None) -> None:
-    """Write model shards, optimizer shards (if training) and the schedule's state under `path`."""
-    dcp.save(get_model_state_dict(model), checkpoint_id=os.path.join(path, "model"))
+def save_checkpoint(path: str, model: nn.Module, optimizer: Optimizer | None, lr_scheduler: LRScheduler | None,
+                    adapter_only: bool = False) -> None:
+    """Write model shards, optimizer shards (if training) and the schedule's state under `path`; with
+    `adapter_only`, of the model only its LoRA adapter's tensors (the optimizer holds nothing else)."""
+    dcp.save(_model_state(model, adapter_only), checkpoint_id=os.path.join(path, "model"))
     if optimizer is not None:
         dcp.save(get_optimizer_state_dict(model, optimizer), checkpoint_id=os.path.join(path, "optim"))
     if rank() == 0:
@@ -50,15 +53,16 @@ def save_checkpoint(path: str, model: nn.Module, optimizer: Optimizer | None, lr
     dist.barrier()
 
 
-def load_checkpoint(path: str, model: nn.Module, optimizer: Optimizer | None, lr_scheduler: LRScheduler | None) -> None:
-    """Restore in place what `save_checkpoint` wrote under `path`."""
+def load_checkpoint(path: str, model: nn.Module, optimizer: Optimizer | None, lr_scheduler: LRScheduler | None,
+                    adapter_only: bool = False) -> None:
+    """Restore in place what `save_checkpoint` wrote under `path` (the same `adapter_only`)."""
     state_file = os.path.join(path, ENGINE_STATE_FILE)
     if not os.path.isfile(state_file):
         raise FileNotFoundError(f"{state_file} not found: {path!r} is not a checkpoint written by "
                                 "the FSDP engine's save")
-    model_state = get_model_state_dict(model)
+    model_state = _model_state(model, adapter_only)
     _load_dcp(model_state, os.path.join(path, "model"))
-    set_model_state_dict(model, model_state)
+    set_model_state_dict(model, model_state, options=StateDictOptions(strict=not adapter_only))
     if optimizer is not None:
         optimizer_state = get_optimizer_state_dict(model, optimizer)
         _load_dcp(optimizer_state, os.path.join(path, "optim"))
@@ -66,6 +70,11 @@ def load_checkpoint(path: str, model: nn.Module, optimizer: Optimizer | None, lr
     if lr_scheduler is not None:
         with open(state_file) as file:
             lr_scheduler.load_state_dict(json.load(file)["lr_scheduler"])
+
+
+def _model_state(model: nn.Module, adapter_only: bool) -> dict:
+    state = get_model_state_dict(model)
+    return {name: tensor for name, tensor in state.items() if is_adapter_name(name)} if adapter_only else state
 
 
 def _load_dcp(state_dict: dict, folder: str) -> None:
@@ -96,13 +105,17 @@ def checkpoint_problem(path: str, with_optimizer: bool) -> str | None:
 
 
 def export_hf_model(out_dir: str, model: nn.Module, *, value_head: bool, dtype: str, attn_implementation: str,
-                    tokenizer=None) -> None:
-    """Write `model`'s full weights (stored in `dtype`), config and generation config as a HF directory.
+                    tokenizer=None, lora_scales: dict[str, float] | None = None) -> None:
+    """Write `model`'s full weights (stored in `dtype`), config and generation config as a HF directory;
+    a LoRA model's (`lora_scales` of its adapted layers) with each adapter merged into its layer's weight.
 
     Every rank calls (the weights are gathered); rank 0 writes.
     """
     full_state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank() == 0:
+        if lora_scales:
+            full_state = dict(pair for bucket in merged_layers([list(full_state.items())], lora_scales,
+                                                               resolve_dtype(dtype)) for pair in bucket)
         # save_pretrained on an empty model of the original class: the FSDP wrapper's class
         # name would otherwise be recorded as the architecture, and HF drops tied duplicates.
         shell = build_model_on_meta(model.config, value_head=value_head, dtype=dtype,

@@ -33,7 +33,7 @@ from ember.data.batch import Batch
 from ember.distributed.determinism import enable_full_determinism
 from ember.distributed.device import current_device, device_type, init_distributed, world_size
 from ember.engines.base import LossFn, MicroBatchSpec, ModelOutput, TrainEngine
-from ember.engines.batching import in_dtype_buckets, join_outputs, loss_context, micro_batches
+from ember.engines.batching import in_buckets, in_dtype_buckets, join_outputs, loss_context, micro_batches
 from ember.engines.expert_load import ExpertLoad, load_metrics
 from ember.engines.fsdp.checkpoint import checkpoint_problem, export_hf_model, load_checkpoint, save_checkpoint
 from ember.engines.fsdp.gather import gathered_buckets
@@ -42,6 +42,8 @@ from ember.engines.fsdp.offload import CPU, move_optimizer_state, move_parameter
 from ember.engines.host_copies import HostCopies
 from ember.engines.injection import injecting
 from ember.engines.log_probs import compute_response_log_probs
+from ember.engines.lora import (LoraOptions, adapters_disabled, is_adapter_name, layer_tensor_names, lora_scales,
+                                merged_layers, write_adapter_folder)
 from ember.engines.optim import OptimOptions, build_lr_scheduler, build_optimizer
 from ember.engines.varlen_attention import packed_attention_implementation
 from ember.models.loading import resolve_dtype
@@ -107,13 +109,17 @@ class EngineOptions:
     truncate_at_layer: int | None = None
     """NLA reconstructor: keep only the first this many decoder layers (None: all)."""
     seed: int = 42
-    """Seed for anything initialised rather than loaded (a critic's value head)."""
+    """Seed for anything initialised rather than loaded (a critic's value head, LoRA's A matrices)."""
+    lora: LoraOptions | None = None
+    """LoRA (`engines/lora.py`): PEFT's adapters added before sharding, the base frozen; None trains every weight."""
     optim: OptimOptions = field(default_factory=OptimOptions)
     """Optimizer and learning-rate schedule (ignored for "ref")."""
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise ValueError(f"engine role {self.role!r}: choose one of {ROLES}")
+        if self.lora is not None and self.role in ("critic", "reconstructor"):
+            raise ValueError(f"LoRA is for the policy (actor, ref); a {self.role} trains all its weights")
         if self.use_fused_kernels and self.role in ("critic", "reconstructor"):
             raise ValueError("use_fused_kernels computes log-probs from the LM head, which a critic has not; "
                              "set it for the actor and reference only")
@@ -163,7 +169,9 @@ class FSDPEngine(TrainEngine):
             shard_layers=(self.dp_size > 1 or options.offload_policy or options.param_offload
                           or options.optimizer_offload or options.role == "reconstructor"),
             keep_layers=options.truncate_at_layer if options.role == "reconstructor" else None,
-            overrides=options.override_config, trust_remote_code=options.trust_remote_code)
+            overrides=options.override_config, trust_remote_code=options.trust_remote_code, lora=options.lora)
+        self.lora_scales = lora_scales(self.model) if options.lora is not None else {}
+        """Each LoRA layer's module name and scale (empty without LoRA)."""
         config = self.model.config
         self.router_aux_coef = (float(config.router_aux_loss_coef) if options.role == "actor"
                                 and getattr(config, "output_router_logits", False) else 0.0)
@@ -174,7 +182,7 @@ class FSDPEngine(TrainEngine):
                         "" if experts == "grouped_mm" else " (a loop over experts: grouped_mm was not available)")
         self.expert_load = ExpertLoad(self.model)
         trained = (trained_parameters(self.model, options.output_layer_index) if options.role == "reconstructor"
-                   else self.model.parameters())
+                   else [parameter for parameter in self.model.parameters() if parameter.requires_grad])
         self.optimizer = build_optimizer(trained, options.optim) if options.trains else None
         self.lr_scheduler = build_lr_scheduler(self.optimizer, options.optim) if options.trains else None
         self.host_copies = HostCopies()  # where offload() puts shards and optimizer state (pinned on CUDA)
@@ -297,22 +305,51 @@ class FSDPEngine(TrainEngine):
         stay put (one rank, stored dtype = compute dtype, no parameter offload): a rollout engine
         may then share them instead of copying."""
         options = self.options
-        return (self.dp_size == 1 and not options.param_offload and not options.offload_policy
+        return (self.dp_size == 1 and not options.param_offload and not options.offload_policy and not self.lora_scales
                 and resolve_dtype(options.model_dtype) == resolve_dtype(options.param_dtype))
 
-    def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
+    def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20,
+                                  trained_only: bool = False) -> Iterator[list[tuple[str, Tensor]]]:
         """Full weights in the compute dtype (`param_dtype`), tied weights once, under HF names.
 
         Where no gather or cast is needed (one rank, compute dtype = stored dtype) the
         tensors are the live parameters themselves (`syncs_live_parameters`): copy what must
         outlive the next update. Over several ranks each bucket is one all-gather (`gather.py`).
+        With LoRA, each adapted layer's merged weight (`_lora_sync_buckets`), and with
+        `trained_only` nothing else (the other weights never change).
         """
         dtype = resolve_dtype(self.options.param_dtype)
+        if self.lora_scales:
+            yield from self._lora_sync_buckets(bucket_bytes, dtype, trained_only)
+            return
         if self.dp_size > 1:  # one all-gather per bucket, already in the compute dtype (gather.py)
             yield from gathered_buckets(self.model.named_parameters(), bucket_bytes, dtype, self.device)
             return
         named = ((name, self._sync_tensor(parameter)) for name, parameter in self.model.named_parameters())
         yield from in_dtype_buckets(named, bucket_bytes, dtype)
+
+    def _lora_sync_buckets(self, bucket_bytes: int, dtype: torch.dtype,
+                           trained_only: bool) -> Iterator[list[tuple[str, Tensor]]]:
+        """The weights a LoRA model generates with: each adapted layer's base weight, A and B gathered in fp32
+        (one all-gather per bucket over several ranks) and merged into a new tensor (`lora.merged_layers`),
+        never into the trained module; with `trained_only` only those layers, else every weight."""
+        adapted = {name for module in self.lora_scales for name in layer_tensor_names(module)}
+        named = [(name, parameter) for name, parameter in self.model.named_parameters()
+                 if name in adapted or not trained_only]
+        if self.dp_size > 1:
+            gathered = gathered_buckets(named, bucket_bytes, torch.float32, self.device)
+        else:
+            gathered = in_buckets(((name, self._sync_tensor(parameter)) for name, parameter in named), bucket_bytes)
+        yield from merged_layers(gathered, self.lora_scales, dtype)
+
+    @contextlib.contextmanager
+    def adapters_disabled(self) -> Iterator[FSDPEngine]:
+        """Forwards in the block compute the base model, without the LoRA adapters (`lora.adapters_disabled`)."""
+        if not self.lora_scales:
+            yield self
+            return
+        with adapters_disabled(self.model):
+            yield self
 
     @torch.no_grad()
     def _sync_tensor(self, parameter: Tensor) -> Tensor:
@@ -324,10 +361,11 @@ class FSDPEngine(TrainEngine):
         return self.model
 
     def save(self, path: str) -> None:
-        save_checkpoint(path, self.model, self.optimizer, self.lr_scheduler)
+        """With LoRA the model's part of the checkpoint is the adapter alone (the base is the model folder's)."""
+        save_checkpoint(path, self.model, self.optimizer, self.lr_scheduler, adapter_only=bool(self.lora_scales))
 
     def load(self, path: str) -> None:
-        load_checkpoint(path, self.model, self.optimizer, self.lr_scheduler)
+        load_checkpoint(path, self.model, self.optimizer, self.lr_scheduler, adapter_only=bool(self.lora_scales))
 
     def checkpoint_problem(self, path: str) -> str | None:
         return checkpoint_problem(path, with_optimizer=self.optimizer is not None)
@@ -335,7 +373,18 @@ class FSDPEngine(TrainEngine):
     def export_hf(self, out_dir: str, tokenizer=None) -> None:
         export_hf_model(out_dir, self.model, value_head=self.options.role == "critic",
                         dtype=self.options.model_dtype, attn_implementation=self.options.attn_implementation,
-                        tokenizer=tokenizer)
+                        tokenizer=tokenizer, lora_scales=self.lora_scales)
+
+    def export_lora_adapter(self, out_dir: str) -> None:
+        """PEFT's adapter folder of the trained adapter, loadable with `PeftModel.from_pretrained(base, out_dir)`
+        onto the model at `model_path`; every rank calls (the adapter is gathered), rank 0 writes."""
+        if not self.lora_scales:
+            raise ValueError("this engine trains no LoRA adapter (lora_rank=0); export the model with export_hf")
+        adapter = {name: self._sync_tensor(parameter).cpu() for name, parameter in self.model.named_parameters()
+                   if is_adapter_name(name)}
+        if self.dp_rank == 0:
+            write_adapter_folder(out_dir, adapter, self.model, self.options.model_path)
+        dist.barrier()
 
     # --- memory between phases ---------------------------------------------------------------
 

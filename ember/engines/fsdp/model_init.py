@@ -20,6 +20,7 @@ from transformers import PreTrainedModel
 
 from ember.distributed.device import rank
 from ember.engines.fsdp.offload import CPU, move_parameters
+from ember.engines.lora import LoraOptions, add_lora, load_adapter_weights
 from ember.engines.fsdp.parallelize import parallelize_model, root_unit_fits
 from ember.models.loading import build_model_on_meta, load_model, load_model_config, resolve_dtype
 
@@ -29,12 +30,13 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
                         gradient_checkpointing: bool, reshard_after_forward: bool,
                         offload_policy: bool = False, compile_layers: bool = False, shard_layers: bool = True,
                         liger: bool = False, keep_layers: int | None = None, overrides: dict | None = None,
-                        trust_remote_code: bool = False) -> PreTrainedModel:
+                        trust_remote_code: bool = False, lora: LoraOptions | None = None) -> PreTrainedModel:
     """The checkpoint at `model_path` as an FSDP2 module whose shards live on `device` (in pinned
     CPU memory with `offload_policy`; buffers such as RoPE tables stay on `device`); with
     `keep_layers`, only its first decoder layers; `overrides` replace fields of its config;
     `shard_layers`: a FSDP2 unit per decoder layer, or (False) the root alone where the model is small
-    enough for it (`parallelize.root_unit_fits`)."""
+    enough for it (`parallelize.root_unit_fits`); with `lora`, PEFT's LoRA layers added before sharding (rank 0's
+    adapters, initialised from the current seed or read from `lora.adapter_path`, are broadcast with the weights)."""
     config = load_model_config(model_path, value_head=value_head, keep_layers=keep_layers, overrides=overrides,
                                trust_remote_code=trust_remote_code)
     pretrained = None
@@ -42,8 +44,14 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
         pretrained = load_model(model_path, value_head=value_head, dtype=model_dtype,
                                 attn_implementation=attn_implementation, keep_layers=keep_layers, overrides=overrides,
                                 trust_remote_code=trust_remote_code)
+        if lora is not None:
+            add_lora(pretrained, lora)
+            if lora.adapter_path:
+                load_adapter_weights(pretrained, lora)
     model = build_model_on_meta(config, value_head=value_head, dtype=model_dtype,
                                 attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
+    if lora is not None:
+        add_lora(model, lora)
     shard_layers = shard_layers or not root_unit_fits(model, device)
     parallelize_model(model, mesh, gradient_checkpointing=gradient_checkpointing,
                       param_dtype=resolve_dtype(param_dtype), reduce_dtype=resolve_dtype(reduce_dtype),

@@ -340,7 +340,9 @@ class MegatronEngine(TrainEngine):
 
     # --- weights out -------------------------------------------------------------------------
 
-    def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20) -> Iterator[list[tuple[str, Tensor]]]:
+    def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20,
+                                  trained_only: bool = False) -> Iterator[list[tuple[str, Tensor]]]:
+        """Every weight (training changes all of them: LoRA is refused with strategy megatron)."""
         yield from in_dtype_buckets(hf_named_weights(self.bridge, self.chunks), bucket_bytes, self.dtype)
 
     def module(self) -> nn.Module:
