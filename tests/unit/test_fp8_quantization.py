@@ -47,9 +47,27 @@ def test_scaled_linear_equals_the_matmul_of_dequantised_inputs_and_weights():
 def test_quantization_other_than_fp8_is_refused_naming_the_values():
     with pytest.raises(ValueError, match="quantization='int8'.*fp8"):
         EngineConfig(quantization="int8")
-    with pytest.raises(ValueError, match="rollout.quantization='fp4'"):
-        check_supported("fp4", torch.device("cpu"), torch.float32)
-    check_supported("fp8", torch.device("cpu"), torch.float32)  # the reference path runs anywhere off CUDA
+    check_supported(torch.device("cpu"), torch.float32)  # the reference path runs anywhere off CUDA
+
+
+def test_gpus_without_fp8_matmuls_other_dtypes_and_unaligned_widths_are_refused_naming_the_key(monkeypatch):
+    from ember.inference.models.decoder import DecoderForCausalLM
+    from ember.inference.models.fp8 import quantize_linears
+    from ember.models.tiny import tiny_model_config
+
+    cuda, key = torch.device("cuda"), "actor_rollout_ref.rollout.quantization=null"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    with pytest.raises(ValueError, match=f"compute capability 8.9\\+.*this one is 8.0: set {key}"):
+        check_supported(cuda, torch.bfloat16)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    check_supported(cuda, torch.bfloat16)
+    with pytest.raises(ValueError, match="dtype is torch.float16: set actor_rollout_ref.rollout.dtype=bfloat16"):
+        check_supported(cuda, torch.float16)
+    with torch.device("meta"):
+        model = DecoderForCausalLM(tiny_model_config("llama", vocab_size=128, intermediate_size=100), 64)
+    with pytest.raises(ValueError, match=f"gate_proj of shape \\(100, 64\\).*multiples of 16; set {key}"):
+        quantize_linears(model, cuda)
+    quantize_linears(model, torch.device("cpu"))  # the reference path takes any width
 
 
 def test_verls_rollout_quantization_key_reaches_the_engine_and_is_refused_off_embers_engine():

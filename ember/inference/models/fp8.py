@@ -107,13 +107,9 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, fp8"
 
 
-def check_supported(quantization: str | None, device: torch.device, dtype: torch.dtype) -> None:
-    """Refuse a quantization ember does not have, or FP8 on a GPU without its matmul (the reference path
-    there would be slower than no quantization)."""
-    if quantization is None:
-        return
-    if quantization not in QUANTIZATIONS:
-        raise ValueError(f"rollout.quantization={quantization!r}: ember's engine has {QUANTIZATIONS} or null")
+def check_supported(device: torch.device, dtype: torch.dtype) -> None:
+    """Refuse FP8 on a GPU without FP8 matmuls (the reference path there would be slower than no
+    quantization) or in another dtype than bfloat16 there; any device other than CUDA runs the reference."""
     if device.type != "cuda":
         return
     capability = torch.cuda.get_device_capability(device)

@@ -40,7 +40,8 @@ def build_model(
     `fuse_projections`: q/k/v and gate/up one matrix product each (`DecoderForCausalLM.fuse_projections`);
     `tensor_parallel`: build this rank's part of a split replica (load it with `shard`ed weights);
     `quantization`: "fp8" holds the decoder's projections in FP8 (`fp8.py`), None keeps them in `dtype`."""
-    fp8.check_supported(quantization, device, dtype)
+    if quantization == "fp8":
+        fp8.check_supported(device, dtype)
     with torch.device("meta"):
         model = DecoderForCausalLM(config, max_positions, tensor_parallel)
         if quantization == "fp8":
