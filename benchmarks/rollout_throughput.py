@@ -6,6 +6,7 @@ temperature 1).
     python benchmarks/rollout_throughput.py [--rows 64 512] [--shapes qwen2.5-0.5b ...] [--hf-rows 64 512]
     python benchmarks/rollout_throughput.py --shapes qwen2.5-1.5b qwen2.5-7b --layouts 1x1 2x1 1x2 4x1 1x4 --hf-rows
     python benchmarks/rollout_throughput.py --device cpu --shapes tiny --rows 4 --response-length 8 --layouts 1x1 2x1
+    python benchmarks/rollout_throughput.py --rows 64 512 --hf-rows --quantization fp8   # FP8 rows beside bf16
 
 Prints one table row per shape, batch size and engine: tokens/s, peak GPU memory (the fullest rank),
 and ms per decode step (from a second, prefill-only run: (full - prefill) / (tokens - 1)); for ember
@@ -20,6 +21,10 @@ shape: at most 0.6). Layouts of more than one GPU run in a fresh `torchrun` laun
 (one process per GPU, NCCL; gloo on CPU), timed from a barrier of all ranks to the next; their
 decode runs without CUDA graphs (not captured at TP>1 yet). transformers runs on one GPU only.
 `--device cpu` runs everything on the CPU in fp32 (a smoke test of the script, not a measurement).
+`--quantization fp8` runs every ember layout a second time with rollout.quantization=fp8 (FP8 weights,
+`ember/inference/models/fp8.py`), its row beside the unquantised one, and `step vs 1x1` then compares
+its decode step with the unquantised engine's on one GPU; `KV blocks` shows the cache each engine sized
+(more where FP8's smaller weights leave room and the cache is memory-bound, not capped by max_num_seqs).
 """
 
 from __future__ import annotations
@@ -108,9 +113,11 @@ def bench_prompts(rows: int) -> list[list[int]]:
     return [torch.randint(10, 400, (PROMPT_LENGTH,), generator=generator).tolist() for _ in range(rows)]
 
 
-def run_ember(model_dir: str, rows: int, tensor_parallel: int, replicas: int, args) -> dict[str, float]:
-    """ember's engine in this process's place of a TPxR layout (world size TP·R) on `rows` prompts: each replica
-    takes its consecutive share, every rank of a replica the same one."""
+def run_ember(model_dir: str, rows: int, tensor_parallel: int, replicas: int, args,
+              quantization: str | None) -> dict[str, float]:
+    """ember's engine (weights quantised as `quantization` says) in this process's place of a TPxR layout
+    (world size TP·R) on `rows` prompts: each replica takes its consecutive share, every rank of a replica
+    the same one."""
     if rows % replicas:
         raise SystemExit(f"--rows {rows} does not divide over {replicas} replicas")
     share = rows // replicas
@@ -119,8 +126,10 @@ def run_ember(model_dir: str, rows: int, tensor_parallel: int, replicas: int, ar
     engine = LLMEngine.from_pretrained(model_dir, EngineConfig(
         max_model_len=PROMPT_LENGTH + args.response_length, max_num_seqs=max(args.rows),
         max_num_batched_tokens=65536, dtype=args.dtype, device=str(current_device()),
-        use_cuda_graphs=not args.eager, decode_window=args.decode_window, tensor_parallel_size=tensor_parallel))
+        use_cuda_graphs=not args.eager, decode_window=args.decode_window, tensor_parallel_size=tensor_parallel,
+        quantization=quantization))
     result = measure(engine.generate, prompts, rows, args.response_length)
+    result["kv_blocks"] = engine.num_kv_blocks
     if engine.decoder.use_cuda_graphs:
         result["graph_ms"] = graph_step_ms(engine, share)
     del engine
@@ -136,15 +145,15 @@ def run_layout_worker(args) -> None:
     if world_size() != tensor_parallel * replicas:
         raise SystemExit(f"layout {tensor_parallel}x{replicas} needs {tensor_parallel * replicas} ranks, "
                          f"got {world_size()}")
-    results = [dict(rows=rows, **run_ember(args.model_dir, rows, tensor_parallel, replicas, args))
-               for rows in args.rows]
+    results = [dict(rows=rows, **run_ember(args.model_dir, rows, tensor_parallel, replicas, args,
+                                           args.worker_quantization)) for rows in args.rows]
     if rank() == 0:
         with open(args.result_file, "w") as handle:
             handle.writelines(json.dumps(result) + "\n" for result in results)
     shutdown_distributed()
 
 
-def launch_layout(layout: tuple[int, int], model_dir: str, args) -> dict[int, dict[str, float]]:
+def launch_layout(layout: tuple[int, int], model_dir: str, args, quantization: str | None) -> dict[int, dict[str, float]]:
     """Results by rows of a layout of several GPUs, from a fresh torchrun launch of this script."""
     gpus = layout[0] * layout[1]
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as result_file:
@@ -152,14 +161,16 @@ def launch_layout(layout: tuple[int, int], model_dir: str, args) -> dict[int, di
                    os.path.abspath(__file__), "--worker-layout", f"{layout[0]}x{layout[1]}", "--model-dir", model_dir,
                    "--result-file", result_file.name, "--device", args.device, "--rows", *map(str, args.rows),
                    "--response-length", str(args.response_length), "--decode-window", str(args.decode_window)]
+        command += ["--worker-quantization", quantization] if quantization else []
         subprocess.run(command + (["--eager"] if args.eager else []), check=True)
         with open(result_file.name) as handle:
             return {result.pop("rows"): result for result in map(json.loads, handle)}
 
 
-def engine_name(layout: tuple[int, int]) -> str:
+def engine_name(layout: tuple[int, int], quantization: str | None) -> str:
     tensor_parallel, replicas = layout
-    return f"ember TP={tensor_parallel}" if replicas == 1 else f"ember {replicas} × TP={tensor_parallel}"
+    name = f"ember TP={tensor_parallel}" if replicas == 1 else f"ember {replicas} × TP={tensor_parallel}"
+    return f"{name} {quantization}" if quantization else name
 
 
 def print_row(shape: str, rows: int, name: str, result: dict[str, float], single: dict[str, float] | None) -> None:
@@ -167,23 +178,27 @@ def print_row(shape: str, rows: int, name: str, result: dict[str, float], single
     peak_cell = f"{result['peak_gib']:.1f}" if result["peak_gib"] else ""
     ratio_cell = f"{result['step_ms'] / single['step_ms']:.2f}" if single is not None and result is not single else ""
     print(f"| {shape} | {rows} | {name} | {result['tok_s']:,.0f} | {result['seconds']:.2f} | {peak_cell} | "
-          f"{result['step_ms']:.2f} | {ratio_cell} | {graph_cell} |", flush=True)
+          f"{result['step_ms']:.2f} | {ratio_cell} | {graph_cell} | {result.get('kv_blocks', '')} |", flush=True)
 
 
 def run_shape(shape: str, tokenizer, args, hf_rows: list[int]) -> None:
     """Every layout and batch size of one model shape, printed as table rows."""
     model_dir = tempfile.mkdtemp()
     build_model_dir(shape, tokenizer, model_dir, args.dtype, seed=0)
+    quantizations = [None] + ([args.quantization] if args.quantization else [])
     by_layout = {}
     for layout in args.layouts:
-        if layout == (1, 1):
-            by_layout[layout] = {rows: run_ember(model_dir, rows, 1, 1, args) for rows in args.rows}
-        else:
-            by_layout[layout] = launch_layout(layout, model_dir, args)
+        for quantization in quantizations:
+            if layout == (1, 1):
+                by_layout[layout, quantization] = {rows: run_ember(model_dir, rows, 1, 1, args, quantization)
+                                                   for rows in args.rows}
+            else:
+                by_layout[layout, quantization] = launch_layout(layout, model_dir, args, quantization)
     for rows in args.rows:
-        single = by_layout.get((1, 1), {}).get(rows)
+        single = by_layout.get(((1, 1), None), {}).get(rows)
         for layout in args.layouts:
-            print_row(shape, rows, engine_name(layout), by_layout[layout][rows], single)
+            for quantization in quantizations:
+                print_row(shape, rows, engine_name(layout, quantization), by_layout[layout, quantization][rows], single)
         if rows in hf_rows:
             rollout = HFRollout.from_pretrained(model_dir, pad_token_id=tokenizer.pad_token_id, device=current_device(),
                                                 dtype=args.dtype)
@@ -192,7 +207,7 @@ def run_shape(shape: str, tokenizer, args, hf_rows: list[int]) -> None:
             empty_cache()
             print_row(shape, rows, "transformers", result, None)
             if single is not None:
-                print(f"|  |  | speed-up of ember TP=1 | {single['tok_s'] / result['tok_s']:.1f}x |  |  |  |  |  |")
+                print(f"|  |  | speed-up of ember TP=1 | {single['tok_s'] / result['tok_s']:.1f}x |  |  |  |  |  |  |")
 
 
 def main() -> None:
@@ -210,7 +225,10 @@ def main() -> None:
     parser.add_argument("--response-length", type=int, default=256, help="sampled tokens per prompt (EOS ignored)")
     parser.add_argument("--device", choices=["auto", "cpu"], default="auto",
                         help="cpu: everything on the CPU in fp32 (a smoke test of the script)")
+    parser.add_argument("--quantization", choices=["fp8"], default=None,
+                        help="also run every ember layout with rollout.quantization=fp8, its row beside the unquantised")
     parser.add_argument("--worker-layout", type=parse_layout, help=argparse.SUPPRESS)
+    parser.add_argument("--worker-quantization", choices=["fp8"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--result-file", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -226,8 +244,8 @@ def main() -> None:
     device_name = torch.cuda.get_device_name() if current_device().type == "cuda" else "CPU"
     print(f"device: {device_name}  prompt {PROMPT_LENGTH}, response {args.response_length}, "
           f"{str(args.dtype).removeprefix('torch.')}", flush=True)
-    print("| shape | rows | engine | tokens/s | s | peak GiB | decode ms/step | step vs 1x1 | graph ms |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| shape | rows | engine | tokens/s | s | peak GiB | decode ms/step | step vs 1x1 | graph ms | KV blocks |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shapes:
         run_shape(shape, tokenizer, args, hf_rows)
 

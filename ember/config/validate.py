@@ -305,6 +305,15 @@ def _fully_async_errors(section) -> list[str]:
     return errors
 
 
+def _quantization_errors(cfg: EmberConfig) -> list[str]:
+    """`rollout.quantization`: FP8 generation is a feature of ember's own engine."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if rollout.quantization is None or rollout.engine == "ember":
+        return []
+    return [f"{_ROLLOUT}.quantization={rollout.quantization} quantises ember's own engine's weights; set "
+            f"{_ROLLOUT}.name=ember instead of {rollout.name}, or {_ROLLOUT}.quantization=null"]
+
+
 def _multi_turn_errors(cfg: EmberConfig) -> list[str]:
     """`rollout.multi_turn`: its sizes, and what the agent loop needs (tools, ember's engine, one rank per replica)."""
     rollout = cfg.actor_rollout_ref.rollout
@@ -383,7 +392,7 @@ def _rl_errors(cfg: EmberConfig) -> list[str]:
         errors.append("algorithm.adv_estimator=gae needs a critic but critic.enable=false; "
                       "remove critic.enable=false or choose a critic-free estimator such as grpo")
     errors += (_dapo_errors(cfg) + _profiler_errors(cfg) + _rollout_correction_errors(cfg) + _async_errors(cfg)
-               + _multi_turn_errors(cfg))
+               + _multi_turn_errors(cfg) + _quantization_errors(cfg))
     if cfg.trainer.resume_mode == "resume_path" and cfg.trainer.resume_from_path is None:
         errors.append("trainer.resume_mode=resume_path needs trainer.resume_from_path (the checkpoint folder to resume from)")
     if cfg.reward_model.enable and cfg.reward_model.model.path is None:

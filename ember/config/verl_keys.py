@@ -174,6 +174,9 @@ RL_VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.rollout.skip_tokenizer_init": VerlKey("ember's engine takes token ids", True),
     "actor_rollout_ref.rollout.update_weights_bucket_megabytes": VerlKey("ember sizes its own weight buckets", 512),
     "actor_rollout_ref.rollout.layer_name_map": VerlKey("vLLM's Megatron weight names; ember maps its own"),
+    "actor_rollout_ref.rollout.quantization_config_file": VerlKey(
+        "a vLLM quantization config file (e.g. FP8 block sizes); ember's rollout.quantization=fp8 has one scale per "
+        "output channel and reads no file", None, refuse=True),
     "algorithm.use_pf_ppo": VerlKey("PF-PPO's reweighting is not in ember", False, refuse=True),
     "algorithm.pf_ppo": VerlKey("use_pf_ppo only (refused)"),
     "algorithm.rollout_correction.rollout_token_veto_threshold": VerlKey(

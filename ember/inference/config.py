@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ember.inference.models.fp8 import QUANTIZATIONS
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -47,6 +49,9 @@ class EngineConfig:
     fuse_projections: bool | None = None
     """Compute q/k/v and gate/up as one matrix product each (fewer kernels per step); None = on CUDA only.
     Fused weights are the engine's own: a training engine's live tensors fill them by copy, not by sharing."""
+    quantization: str | None = None
+    """"fp8": the decoder's projections held in FP8 e4m3 with per-output-channel scales, quantised as they load
+    and at every weight sync, inputs quantised per token (rollout.quantization, `models/fp8.py`); None: in `dtype`."""
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size", "decode_window",
@@ -64,6 +69,8 @@ class EngineConfig:
                 f"engine num_kv_blocks={self.num_kv_blocks} x block_size={self.block_size} cannot hold one "
                 f"sequence of max_model_len={self.max_model_len} tokens: raise num_kv_blocks"
             )
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"engine quantization={self.quantization!r}: use one of {QUANTIZATIONS} or None")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"engine gpu_memory_utilization={self.gpu_memory_utilization}: set a fraction in (0, 1]"

@@ -8,7 +8,9 @@ with ember's own model over the paged cache; `sample_next_tokens` picks the toke
 instead `submit`s prompts and calls `step` itself, adding requests between steps.
 
 `load_weights` copies new weights into the model in place, or shares the given tensors as
-its storage (the training engine's live weights at one rank).
+its storage (the training engine's live weights at one rank); with `quantization="fp8"` the
+decoder's projections are quantised in place instead (`models/fp8.py`), and the KV cache, sized
+from the memory left after the weights load, gets the room they no longer take.
 `free_kv_cache` / `allocate_kv_cache` give the cache memory back and take it again
 (the rollout's sleep and wake).
 """
@@ -66,8 +68,10 @@ class LLMEngine:
         fuse = config.fuse_projections if config.fuse_projections is not None else self.device.type == "cuda"
         self.tensor_parallel = replica_group(config.tensor_parallel_size)
         self.model = build_model(hf_config, config.max_model_len + config.decode_window, config.dtype, self.device, fuse,
-                                 self.tensor_parallel)
+                                 self.tensor_parallel, config.quantization)
         load_weights(self.model, named_tensors, require_all=True)
+        if config.quantization is not None:
+            empty_cache()  # quantising left fp32 transients in the allocator's cache: the KV sizing below counts them free
         max_blocks_per_sequence = config.blocks_for(config.max_model_len + config.decode_window)
         # every rank of a split replica schedules alike, so all hold as many blocks as the fullest can
         self.num_kv_blocks = self.tensor_parallel.agree_on_minimum(

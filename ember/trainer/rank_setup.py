@@ -182,7 +182,7 @@ def engine_config(rollout) -> EngineConfig:
                         gpu_memory_utilization=rollout.gpu_memory_utilization,
                         tensor_parallel_size=rollout.tensor_model_parallel_size,
                         dtype=resolve_dtype(compute_dtype(rollout.dtype)), device=str(current_device()),
-                        use_cuda_graphs=not rollout.enforce_eager)
+                        use_cuda_graphs=not rollout.enforce_eager, quantization=rollout.quantization)
 
 
 def import_external_libs(cfg: EmberConfig) -> None:

@@ -2,7 +2,8 @@
 on each rank, on tiny fp32 models (dense, one key-value head shared by both ranks, tied embeddings over an
 odd vocabulary (each rank holds half the rows, one padded), Qwen2-MoE with its shared expert, Qwen3-MoE): greedy tokens, sampled tokens (T=0.7, top-p 0.9) and every token's log-prob
 must agree; an update of the weights reaches both halves, sent whole or as each rank's part; NLA's injected
-vectors and AQN's noised weights give the same tokens too. The MoE models' split engines load from a
+vectors and AQN's noised weights give the same tokens too. FP8 generation split over both ranks quantises
+each rank's own part (`check_fp8`). The MoE models' split engines load from a
 saved directory (one tensor per expert), their whole engines from the fused parameters. Arguments: a
 scratch folder; rank 0 writes "ok" to its `done` file."""
 
@@ -107,6 +108,34 @@ def check_injection_and_noise(split: LLMEngine, whole: LLMEngine, weights: dict)
     assert [tokens for tokens, _ in noisy["sampled"]] != [tokens for tokens, _ in clean["sampled"]]
 
 
+def check_fp8(scratch: Path) -> None:
+    """FP8 generation split over both ranks: each rank quantises its own part as it loads and at an update
+    (a column-parallel weight's scales are the whole engine's rows; a row-parallel weight's come from the
+    rank's own columns), and the tokens are the whole FP8 engine's up to that difference in scales."""
+    model = tiny_model("llama", num_attention_heads=4, num_key_value_heads=2)
+    weights = dict(model.state_dict())
+    for step, factor in enumerate((1.0, 0.8)):
+        sent = {name: tensor * factor for name, tensor in weights.items()}
+        if step == 0:
+            whole = LLMEngine(model.config, sent.items(), engine_config(max_num_seqs=4, quantization="fp8"))
+            split = LLMEngine(model.config, sent.items(),
+                              engine_config(max_num_seqs=4, tensor_parallel_size=2, quantization="fp8"))
+        else:
+            whole.load_weights(sent.items())
+            split.load_weights(sent.items())
+        rank, attention = dist.get_rank(), split.model.model.layers[1].self_attn
+        whole_attention = whole.model.model.layers[1].self_attn
+        assert attention.q_proj.weight.dtype == torch.float8_e4m3fn
+        assert torch.equal(attention.q_proj.weight_scale, whole_attention.q_proj.weight_scale.chunk(2)[rank])
+        own_columns = sent["model.layers.1.self_attn.o_proj.weight"].chunk(2, dim=1)[rank]
+        assert torch.equal(attention.o_proj.weight_scale, own_columns.abs().amax(dim=1) / 448)
+        split_out, whole_out = outputs(split)["greedy"], outputs(whole)["greedy"]
+        first_tokens = [(a[0][0], b[0][0]) for a, b in zip(split_out, whole_out)]
+        assert sum(a == b for a, b in first_tokens) >= len(first_tokens) - 1, first_tokens
+        gaps = [abs(a[1][0] - b[1][0]).item() for a, b in zip(split_out, whole_out)]
+        assert max(gaps) < 0.2, gaps
+
+
 def main(scratch: str) -> None:
     dist.init_process_group("gloo")
     for what, (arch, overrides) in MODELS.items():
@@ -123,6 +152,7 @@ def main(scratch: str) -> None:
             split.load_weights((name, rank_part(name, tensor)) for name, tensor in changed.items())
             compare(outputs(split), outputs(whole), f"{what} after update_weights with each rank's part")
             check_injection_and_noise(split, whole, changed)
+    check_fp8(Path(scratch))
     if dist.get_rank() == 0:
         (Path(scratch) / "done").write_text("ok")
     dist.destroy_process_group()

@@ -74,6 +74,11 @@ class RolloutConfig:
     prompt_length: int = follow("data.max_prompt_length", "longest prompt in tokens")
     response_length: int = follow("data.max_response_length", "most tokens generated per response")
     dtype: RolloutDType = field_("auto", "dtype of the generation weights; auto = bfloat16 on GPU, float32 on CPU")
+    quantization: Literal["fp8"] | None = field_(
+        None, "verl: quantise the generation weights; fp8 = the decoder's q/k/v/o and gate/up/down (dense MLPs, shared "
+              "experts) in float8 e4m3 with one fp32 scale per output channel, quantised at load and at every weight "
+              "sync, inputs quantised per token (torch._scaled_mm on GPUs of compute capability 8.9+, bfloat16); the "
+              "embedding, norms, MoE router, routed experts and LM head stay in dtype; null = none")
     gpu_memory_utilization: float = field_(0.5, "fraction of GPU memory the engine may use for weights and KV cache")
     ignore_eos: bool = field_(False, "keep generating after the end-of-sequence token until response_length")
     enforce_eager: bool = field_(False, "run decode steps eagerly; false = replay them as captured CUDA graphs (GPU)")

@@ -12,6 +12,7 @@ their positions, and reads and writes the paged KV cache through `ember.inferenc
 `fuse_projections` (on CUDA by default, `EngineConfig.fuse_projections`) computes q/k/v and
 gate/up as one matrix product each: a decode step is launch-bound, so fewer, larger kernels
 are faster. The checkpoint's names stay; their parameters become views of the fused weights.
+With FP8 generation (`fp8.py`) the same projections are `Fp8Linear`s, fused the same way.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers import PretrainedConfig
 
 from ember.inference.attention import AttentionInputs, paged_attention
+from ember.inference.models.fp8 import linear
 from ember.inference.models.layers import MLP, RMSNorm, fuse_linears
 from ember.inference.models.moe import SparseMoeBlock
 from ember.inference.models.rope import RotaryEmbedding
@@ -112,10 +113,11 @@ class Attention(nn.Module):
         self.query_key_norm = spec.query_key_norm
         self.register_buffer("qkv_weight", None, persistent=False)
         self.register_buffer("qkv_bias", None, persistent=False)
+        self.register_buffer("qkv_weight_scale", None, persistent=False)
 
     def fuse_projections(self) -> list[str]:
         """Compute q, k and v in one matrix product from now on; returns the parameters that became views."""
-        self.qkv_weight, self.qkv_bias, views = fuse_linears(self, ("q_proj", "k_proj", "v_proj"))
+        self.qkv_weight, self.qkv_bias, self.qkv_weight_scale, views = fuse_linears(self, ("q_proj", "k_proj", "v_proj"))
         return views
 
     def _project(self, states: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -124,7 +126,7 @@ class Attention(nn.Module):
             queries, keys, values = self.q_proj(states), self.k_proj(states), self.v_proj(states)
         else:
             kv_width = self.num_kv_heads * self.head_dim
-            projected = F.linear(states, self.qkv_weight, self.qkv_bias)
+            projected = linear(states, self.qkv_weight, self.qkv_bias, self.qkv_weight_scale)
             queries, keys, values = projected.split([self.num_heads * self.head_dim, kv_width, kv_width], dim=-1)
         return (queries.unflatten(-1, (self.num_heads, self.head_dim)), keys.unflatten(-1, (self.num_kv_heads, self.head_dim)),
                 values.unflatten(-1, (self.num_kv_heads, self.head_dim)))

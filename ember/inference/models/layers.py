@@ -1,5 +1,5 @@
 """The decoder's small building blocks, each one kernel on CUDA: RMSNorm (fused with the residual add), RoPE, SwiGLU;
-and `fuse_linears`, which turns several projections of one input into one matrix product.
+and `fuse_linears`, which turns several projections of one input into one matrix product (FP8 ones too, `fp8.py`).
 
 A decode step does little arithmetic per kernel, so its time goes to the number of kernels
 more than to their work. On CUDA the norms and SwiGLU's gating are one Triton kernel each
@@ -12,28 +12,14 @@ casting back, RoPE in float32 ("rotate half").
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-
-def compiled_on_cuda(function: Callable) -> Callable:
-    """`function` itself on CPU tensors, its torch.compile'd version (built on first use) on CUDA tensors."""
-    compiled = None
-
-    @functools.wraps(function)
-    def run(*args):
-        nonlocal compiled
-        if not args[0].is_cuda:
-            return function(*args)
-        if compiled is None:
-            compiled = torch.compile(function, dynamic=True, fullgraph=True)
-        return compiled(*args)
-
-    return run
+from ember.inference.models.compiled import compiled_on_cuda
+from ember.inference.models.fp8 import Fp8Linear, linear
 
 
 def _rms_norm(states: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -99,13 +85,13 @@ class RMSNorm(nn.Module):
         return add_rms_norm(states, residual, self.weight, self.eps)
 
 
-def fuse_linears(owner: nn.Module, names: Sequence[str]) -> tuple[Tensor, Tensor | None, list[str]]:
-    """One weight (and bias) computing the `owner`'s linears `names` (of the same input) in one matrix
-    product, their outputs side by side in the given order; and the parameter names (under `owner`)
-    that became views.
+def fuse_linears(owner: nn.Module, names: Sequence[str]) -> tuple[Tensor, Tensor | None, Tensor | None, list[str]]:
+    """One weight (and bias, and FP8 row scales where the linears are `Fp8Linear`s) computing the `owner`'s
+    linears `names` (of the same input) in one matrix product, their outputs side by side in the given order;
+    and the parameter names (under `owner`) that became views.
 
     Each linear keeps its parameters under its own name, now views of the fused tensors: a
-    weight loaded by its checkpoint name (copied in place) fills its rows of the fused one.
+    weight loaded by its checkpoint name (copied, or quantised, in place) fills its rows of the fused one.
     """
     linears = [getattr(owner, name) for name in names]
     has_bias = linears[0].bias is not None
@@ -114,15 +100,18 @@ def fuse_linears(owner: nn.Module, names: Sequence[str]) -> tuple[Tensor, Tensor
         raise ValueError("fuse_linears needs projections of one input with the same dtype, all with or all without bias")
     weight = torch.cat([linear.weight.data for linear in linears])
     bias = torch.cat([linear.bias.data for linear in linears]) if has_bias else None
+    scales = torch.cat([linear.weight_scale for linear in linears]) if isinstance(linears[0], Fp8Linear) else None
     start = 0
     for linear in linears:
         rows = slice(start, start + linear.out_features)
         linear.weight.data = weight[rows]
         if has_bias:
             linear.bias.data = bias[rows]
+        if scales is not None:
+            linear.weight_scale = scales[rows]
         start = rows.stop
     views = [f"{name}.{kind}" for name, linear in zip(names, linears) for kind, _ in linear.named_parameters()]
-    return weight, bias, views
+    return weight, bias, scales, views
 
 
 class MLP(nn.Module):
@@ -135,15 +124,17 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
         self.register_buffer("gate_up_weight", None, persistent=False)
         self.register_buffer("gate_up_bias", None, persistent=False)
+        self.register_buffer("gate_up_weight_scale", None, persistent=False)
 
     def fuse_projections(self) -> list[str]:
         """Compute gate and up in one matrix product from now on; returns the parameters that became views."""
-        self.gate_up_weight, self.gate_up_bias, views = fuse_linears(self, ("gate_proj", "up_proj"))
+        self.gate_up_weight, self.gate_up_bias, self.gate_up_weight_scale, views = fuse_linears(
+            self, ("gate_proj", "up_proj"))
         return views
 
     def forward(self, states: Tensor) -> Tensor:
         if self.gate_up_weight is None:
             gate, up = self.gate_proj(states), self.up_proj(states)
         else:
-            gate, up = F.linear(states, self.gate_up_weight, self.gate_up_bias).chunk(2, dim=-1)
+            gate, up = linear(states, self.gate_up_weight, self.gate_up_bias, self.gate_up_weight_scale).chunk(2, dim=-1)
         return self.down_proj(silu_and_mul(gate, up))

@@ -22,6 +22,7 @@ from safetensors import safe_open
 from torch import Tensor, nn
 from transformers import AutoConfig, PretrainedConfig
 
+from ember.inference.models import fp8
 from ember.inference.models.decoder import DecoderForCausalLM
 from ember.inference.models.moe import Experts
 from ember.inference.tensor_parallel import TensorParallel
@@ -33,17 +34,23 @@ _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 def build_model(
     config: PretrainedConfig, max_positions: int, dtype: torch.dtype, device: torch.device, fuse_projections: bool = False,
-    tensor_parallel: TensorParallel = TensorParallel(),
+    tensor_parallel: TensorParallel = TensorParallel(), quantization: str | None = None,
 ) -> DecoderForCausalLM:
     """An engine model for `config` on `device` in `dtype`, with uninitialised weights (load them next);
     `fuse_projections`: q/k/v and gate/up one matrix product each (`DecoderForCausalLM.fuse_projections`);
-    `tensor_parallel`: build this rank's part of a split replica (load it with `shard`ed weights)."""
+    `tensor_parallel`: build this rank's part of a split replica (load it with `shard`ed weights);
+    `quantization`: "fp8" holds the decoder's projections in FP8 (`fp8.py`), None keeps them in `dtype`."""
+    if quantization == "fp8":
+        fp8.check_supported(device, dtype)
     with torch.device("meta"):
         model = DecoderForCausalLM(config, max_positions, tensor_parallel)
+        if quantization == "fp8":
+            fp8.quantize_linears(model, device)
     model.to_empty(device=device)
     model.tie_weights()  # to_empty gives each module its own parameter, splitting a tied pair
     for parameter in model.parameters():
-        parameter.data = parameter.data.to(dtype)
+        if parameter.dtype != fp8.FP8_DTYPE:
+            parameter.data = parameter.data.to(dtype)
     model.model.rotary.reset_tables()
     if fuse_projections:
         model.fuse_projections()
@@ -59,7 +66,8 @@ def load_weights(
     Tensors are copied in place; with `share`, a tensor whose shape, dtype and device match its
     parameter becomes that parameter's storage instead (no second copy: the training engine's
     live weights, which its optimizer then updates in place for both), except for parameters
-    that are views of a fused weight (`model.fused_parameters`), which are always copied. A tied model's
+    that are views of a fused weight (`model.fused_parameters`), which are always copied, and FP8
+    weights, which are quantised in place as they arrive (`fp8.quantize_on_the_way`). A tied model's
     `lm_head.weight` is the embedding itself: both names write the same tensor. A fused expert
     tensor counts as loaded once every expert's slice of it was.
     """
@@ -68,6 +76,8 @@ def load_weights(
     targets = parameters | {name: view for slices in expert_slices.values() for name, view in slices.items()}
     wanted = ((name, own_part(model, name, tensor, targets)) for name, tensor in named_tensors
               if not name.endswith(_IGNORED_SUFFIXES))
+    quantized: set[str] = set()
+    wanted = fp8.quantize_on_the_way(wanted, fp8.quantized_weights(model), quantized)
     moved, shared = False, set()
     if share:
         wanted = list(wanted)
@@ -80,7 +90,7 @@ def load_weights(
                 parameter.data = tensor.detach()
                 shared.add(name)
         wanted = [(name, tensor) for name, tensor in wanted if name not in shared]
-    loaded = shared | copy_named_tensors(targets, wanted, owner=f"ember's {type(model).__name__}")
+    loaded = shared | copy_named_tensors(targets, wanted, owner=f"ember's {type(model).__name__}") | quantized
     if require_all:
         tied = {"lm_head.weight"} if model.config.tie_word_embeddings else set()
         if "model.embed_tokens.weight" in loaded:
