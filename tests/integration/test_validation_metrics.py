@@ -31,9 +31,9 @@ def count_rollout_calls(trainer) -> list[int]:
     calls = []
     generate = trainer.parts.rollout.generate
 
-    def recording(prompt_ids, sampling):
+    def recording(prompt_ids, sampling, **options):
         calls.append(len(prompt_ids))
-        return generate(prompt_ids, sampling)
+        return generate(prompt_ids, sampling, **options)
 
     trainer.parts.rollout.generate = recording
     return calls
