@@ -151,9 +151,11 @@ def test_sft_passes_the_loaded_config_to_run_sft(monkeypatch):
 
 def test_export_calls_export_checkpoint(monkeypatch):
     calls = []
-    fake_module(monkeypatch, "ember.trainer.export", export_checkpoint=lambda ckpt, out: calls.append((ckpt, out)))
+    fake_module(monkeypatch, "ember.trainer.export",
+                export_checkpoint=lambda ckpt, out, merged: calls.append((ckpt, out, merged)))
     assert main(["export", "/ckpt/step_10", "/out/hf"]) == 0
-    assert calls == [("/ckpt/step_10", "/out/hf")]
+    assert main(["export", "/ckpt/step_10", "/out/merged", "--merged"]) == 0  # a LoRA run's adapter merged
+    assert calls == [("/ckpt/step_10", "/out/hf", False), ("/ckpt/step_10", "/out/merged", True)]
 
 
 def test_preprocess_hands_its_arguments_to_the_recipe_parser(monkeypatch):
