@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from rl_helpers import NOT_REPRODUCIBLE, metrics_by_step, run_overrides, train
+from rl_helpers import NOT_REPRODUCIBLE, hf_weights, metrics_by_step, run_overrides, train
 from safetensors.torch import load_file
 
 from ember.trainer.export import export_checkpoint
@@ -46,3 +46,20 @@ def test_grpo_with_lora_and_kl_loss_on_two_ray_ranks_equals_one_rank(inputs, tmp
     assert adapter.keys() == expected_adapter.keys() and len(adapter) == 2 * 7 * 2
     for name, tensor in expected_adapter.items():
         torch.testing.assert_close(adapter[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_a_rollout_pool_of_its_own_is_sent_only_the_adapted_layers_after_the_first_sync(inputs, tmp_path, local_ray):
+    common = [*LORA_GRPO, "trainer.total_training_steps=3", "trainer.save_freq=-1"]
+    train(run_overrides(inputs, tmp_path / "hybrid", *common))
+    train(run_overrides(inputs, tmp_path / "split", *common, "actor_rollout_ref.hybrid_engine=false",
+                        "rollout.n_gpus_per_node=1"))
+    hybrid, split = metrics_by_step(tmp_path / "hybrid"), metrics_by_step(tmp_path / "split")
+    for step in (1, 2, 3):  # the rollout's own pool generated with the same merged weights
+        compared = [key for key in hybrid[step] if not key.startswith(NOT_COMPARED)]
+        assert "actor/kl_loss" in compared and "critic/score/mean" in compared
+        assert {key: split[step][key] for key in compared} == {key: hybrid[step][key] for key in compared}, step
+    base = hf_weights(inputs.model_dir)
+    every = sum(tensor.numel() for tensor in base.values())
+    adapted = sum(tensor.numel() for name, tensor in base.items() if name.endswith("proj.weight"))
+    sent = [split[step]["perf/weight_sync_gb"] * 2**30 for step in (1, 2, 3)]
+    assert sent[1] == sent[2] == pytest.approx(sent[0] * adapted / every, rel=1e-6)
