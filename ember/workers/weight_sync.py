@@ -4,8 +4,9 @@ Role "weight_sender" on every rank of the actor's pool. The one thing to know: e
 takes part in each sync (the engine gathers each bucket over them), and the first rank alone
 sends it on to the rollout ranks over the weight group (`distributed/weight_transfer.py`); the
 rollout side is `PolicyRollout.receive_weights`. The first sync sends every weight, later ones only
-those training changes (with LoRA the adapted layers, merged), as the rollout beside the actor gets them. The version sent is the actor's (`Actor.version`:
-the training step whose update made the weights), which the rollout stamps on every sample.
+those training changes (with LoRA the adapted layers, merged), as the rollout beside the actor gets
+them. The version sent is the actor's (`Actor.version`: the training step whose update made the
+weights), which the rollout stamps on every sample.
 """
 
 from __future__ import annotations
