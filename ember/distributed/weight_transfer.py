@@ -4,10 +4,11 @@ A process group of its own joins the actor's first rank (group rank 0, the sourc
 rollout rank; the pools' default groups stay as they are. The one thing to know: the source
 sends the buckets the actor's engine streams (`named_parameters_for_sync`: each bucket gathered
 over the actor's ranks, cast to the compute dtype, then dropped), so no rank ever holds the whole
-model at once beyond the engines' own weights. Each bucket goes as a header (its tensor count and
-the weights' policy version) and then one broadcast per dtype of its tensors packed in one flat
-buffer; a header of count 0 ends a sync. Names and shapes travel once, before the first sync
-(`TensorSpec`s, through the driver), so a sync moves tensors only.
+model at once beyond the engines' own weights. Each bucket goes as a header (its tensor count, the
+weights' policy version and which list of tensors the sync sends) and then one broadcast per dtype
+of its tensors packed in one flat buffer; a header of count 0 ends a sync. Names and shapes travel
+once, before the first sync, as two lists (`SyncSpecs`: every weight, and only those training
+changes, which with LoRA are the adapted layers), so a sync moves tensors only.
 """
 
 from __future__ import annotations
@@ -43,6 +44,18 @@ class TensorSpec:
         return getattr(torch, self.dtype)
 
 
+@dataclass(frozen=True)
+class SyncSpecs:
+    """The two tensor lists a sync may send, each in order: every weight (the first sync), and only the
+    weights training changes (later syncs; with LoRA the adapted layers, merged)."""
+
+    every: list[TensorSpec]
+    trained: list[TensorSpec]
+
+    def of(self, trained_only: bool) -> list[TensorSpec]:
+        return self.trained if trained_only else self.every
+
+
 def rendezvous_address() -> tuple[str, int]:
     """This node's address (as Ray sees it) and a free port, for a group's store hosted here."""
     import ray
@@ -65,34 +78,37 @@ class WeightTransfer:
         self.group_rank = group_rank
         self.device = current_device()
 
-    def send(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], specs: list[TensorSpec], version: int) -> dict:
-        """Broadcasts every bucket (each checked against `specs`, in order) and the end header; bytes and seconds."""
+    def send(self, buckets: Iterable[list[tuple[str, torch.Tensor]]], specs: SyncSpecs, version: int,
+             trained_only: bool) -> dict:
+        """Broadcasts every bucket (each checked against `specs.of(trained_only)`, in order) and the end header;
+        bytes and seconds."""
         start, sent, position = time.perf_counter(), 0, 0
+        listed, sent_specs = int(trained_only), specs.of(trained_only)
         for bucket in buckets:
-            expected = specs[position:position + len(bucket)]
+            expected = sent_specs[position:position + len(bucket)]
             found = [TensorSpec.of(name, tensor) for name, tensor in bucket]
             if found != expected:
                 raise RuntimeError(f"the actor's weights changed layout since the rollout was told them: "
                                    f"{found[:2]}... against {expected[:2]}...")
             position += len(bucket)
-            self._header(len(bucket), version)
+            self._header(len(bucket), version, listed)
             for flat in _flat_by_dtype([tensor for _, tensor in bucket]):
                 self._broadcast(flat)
                 sent += flat.numel() * flat.element_size()
-        if position != len(specs):
-            raise RuntimeError(f"the actor sent {position} tensors, the rollout expects {len(specs)}")
-        self._header(0, version)
+        if position != len(sent_specs):
+            raise RuntimeError(f"the actor sent {position} tensors, the rollout expects {len(sent_specs)}")
+        self._header(0, version, listed)
         return {"bytes": sent, "seconds": time.perf_counter() - start}
 
-    def receive(self, specs: list[TensorSpec], load: Callable[[list[tuple[str, torch.Tensor]]], None]) -> int:
+    def receive(self, specs: SyncSpecs, load: Callable[[list[tuple[str, torch.Tensor]]], None]) -> int:
         """Receives buckets until the end header, handing each to `load` (named full tensors, views of the
-        received buffers); the version sent."""
+        received buffers, from the list each header names); the version sent."""
         position = 0
         while True:
-            count, version = self._header()
+            count, version, trained_only = self._header()
             if count == 0:
                 return version
-            bucket_specs = specs[position:position + count]
+            bucket_specs = specs.of(bool(trained_only))[position:position + count]
             position += count
             tensors: dict[int, torch.Tensor] = {}
             for dtype, indices in _by_dtype([spec.torch_dtype for spec in bucket_specs]).items():
@@ -103,10 +119,10 @@ class WeightTransfer:
                     tensors[index] = piece.view(bucket_specs[index].shape)
             load([(spec.name, tensors[index]) for index, spec in enumerate(bucket_specs)])
 
-    def _header(self, count: int = 0, version: int = 0) -> tuple[int, int]:
-        header = torch.tensor([count, version], dtype=torch.int64, device=self.device)
+    def _header(self, count: int = 0, version: int = 0, trained_only: int = 0) -> tuple[int, int, int]:
+        header = torch.tensor([count, version, trained_only], dtype=torch.int64, device=self.device)
         self._broadcast(header)
-        return int(header[0]), int(header[1])
+        return int(header[0]), int(header[1]), int(header[2])
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         options = dist.BroadcastOptions()

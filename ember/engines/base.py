@@ -154,6 +154,12 @@ class TrainEngine(ABC):
         that stay put), so a rollout engine may share them instead of copying; False by default."""
         return False
 
+    @property
+    def trains_every_weight(self) -> bool:
+        """Whether training changes every weight `named_parameters_for_sync` yields, so `trained_only` yields
+        them all too (False with LoRA: only the adapted layers change); True by default."""
+        return True
+
     @abstractmethod
     def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20,
                                   trained_only: bool = False) -> Iterator[list[tuple[str, Tensor]]]:

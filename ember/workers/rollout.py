@@ -15,7 +15,8 @@ synced state records which, so each switch sends the weights again.
 
 With `actor_rollout_ref.hybrid_engine=false` there is no actor beside it (`actor=None`): the rollout
 ranks form a pool of their own and the weights arrive when the driver has the actor's ranks send
-them (`receive_weights`, the other end of `workers/weight_sync.py`). Either way every sample
+them (`receive_weights`, the other end of `workers/weight_sync.py`; the same weights as beside the
+actor: every one at the first sync, then those training changes). Either way every sample
 carries the version of the weights that generated it (`RolloutOutput.policy_version`).
 """
 
@@ -25,7 +26,7 @@ import contextlib
 
 from ember.agent import AgentLoop
 from ember.distributed.device import rank, world_size
-from ember.distributed.weight_transfer import TensorSpec, WeightTransfer
+from ember.distributed.weight_transfer import SyncSpecs, WeightTransfer
 from ember.engines.base import DataLayout
 from ember.profiling import phase
 from ember.rollout import Injection, RolloutEngine, RolloutOutput, SamplingParams
@@ -55,7 +56,7 @@ class PolicyRollout:
         self.policy_version = 0  # the version of the weights the engine holds (see `Actor.version`)
         self.weight_timeout_s = weight_timeout_s
         self.transfer: WeightTransfer | None = None  # without an actor: the weight group's receiving end
-        self.specs: list[TensorSpec] = []
+        self.specs = SyncSpecs([], [])
 
     def data_layout(self) -> DataLayout:
         """The generation engine's own layout, whatever the actor's training layout: each replica (one
@@ -88,9 +89,9 @@ class PolicyRollout:
             output.policy_version = self.policy_version
         return outputs
 
-    def connect_weights(self, address: str, port: int, group_size: int, specs: list[TensorSpec]) -> None:
+    def connect_weights(self, address: str, port: int, group_size: int, specs: SyncSpecs) -> None:
         """Join the weight group (the actor's first rank is its rank 0, this rank 1 + its rollout rank) and keep
-        the names and shapes every sync sends (a rollout pool of its own only)."""
+        the names and shapes the syncs send (a rollout pool of its own only)."""
         self.specs = specs
         self.transfer = WeightTransfer(address, port, 1 + rank(), group_size, self.weight_timeout_s)
 

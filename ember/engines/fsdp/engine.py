@@ -308,6 +308,10 @@ class FSDPEngine(TrainEngine):
         return (self.dp_size == 1 and not options.param_offload and not options.offload_policy and not self.lora_scales
                 and resolve_dtype(options.model_dtype) == resolve_dtype(options.param_dtype))
 
+    @property
+    def trains_every_weight(self) -> bool:
+        return not self.lora_scales
+
     def named_parameters_for_sync(self, bucket_bytes: int = 512 << 20,
                                   trained_only: bool = False) -> Iterator[list[tuple[str, Tensor]]]:
         """Full weights in the compute dtype (`param_dtype`), tied weights once, under HF names.
