@@ -168,7 +168,9 @@ RL_VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.rollout.enable_prefix_caching": VerlKey(
         "ember's engine shares a prompt's prefill among its own rollout.n samples", True),
     "actor_rollout_ref.rollout.multi_stage_wake_up": VerlKey("ember wakes its engine in one stage", False),
-    "actor_rollout_ref.rollout.over_sample_rate": VerlKey("verl's agent loop only", 0),
+    "actor_rollout_ref.rollout.over_sample_rate": VerlKey(
+        "verl's older SGLang rollout aborted the last over_sample_rate of requests (its newer code reads the key "
+        "nowhere); ember generates every request to its end", 0),
     "actor_rollout_ref.rollout.skip_rollout": VerlKey("rollouts are always generated", False, refuse=True),
     "actor_rollout_ref.rollout.skip_dump_dir": VerlKey("skip_rollout only (refused)"),
     "actor_rollout_ref.rollout.skip_tokenizer_init": VerlKey("ember's engine takes token ids", True),
