@@ -200,7 +200,10 @@ RL_VERL_KEYS: dict[str, VerlKey] = {
     "data.video_key": VerlKey("ember reads text only"),
     "data.return_multi_modal_inputs": VerlKey("ember reads text only"),
     "data.validation_shuffle": VerlKey("validation data is read in order", False),
-    "global_profiler.global_tool_config": VerlKey("nsys/npu/torch_memory options; ember's profiler is torch.profiler"),
+    "global_profiler.global_tool_config.nsys": VerlKey("Nsight Systems options; ember profiles with torch.profiler"),
+    "global_profiler.global_tool_config.torch_memory.stack_depth": VerlKey(
+        "torch's recorder keeps whole stacks (torch.cuda.memory._record_memory_history takes no depth)", 32),
+    "global_profiler.global_tool_config.torch_memory.kw_args": VerlKey("verl's code reads it nowhere", {}),
     "reward_model.enable_resource_pool": VerlKey("the reward model runs in the roles' pool", False, refuse=True),
     "reward_model.n_gpus_per_node": VerlKey("enable_resource_pool only (refused)", 0),
     "reward_model.nnodes": VerlKey("enable_resource_pool only (refused)", 0),

@@ -60,8 +60,7 @@ def gsm8k_multiturn_row(question_raw: str, solution: str, split: str, index: int
 
 def verl_script_overrides(model: Path, train: Path, test: Path, tool_config: Path) -> list[str]:
     """The run script's overrides in its order; model, data and tool paths swapped, and the sizes of a
-    3B model on 8 GPUs (batch, lengths, n, micro-batches, GPUs) swapped for a tiny model on CPU;
-    global_profiler.tool=torch_memory swapped for null (ember refuses torch_memory)."""
+    3B model on 8 GPUs (batch, lengths, n, micro-batches, GPUs) swapped for a tiny model on CPU."""
     return [
         "algorithm.adv_estimator=grpo", "data.train_batch_size=2", "data.max_prompt_length=1024",
         "data.max_response_length=160", "data.filter_overlong_prompts=True", "data.truncation='error'",
@@ -72,7 +71,7 @@ def verl_script_overrides(model: Path, train: Path, test: Path, tool_config: Pat
         "actor_rollout_ref.actor.entropy_coeff=0", "actor_rollout_ref.model.enable_gradient_checkpointing=True",
         "actor_rollout_ref.actor.fsdp_config.param_offload=False",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
-        "global_profiler.tool=null", "global_profiler.save_path=./mem_snapshots",
+        "global_profiler.tool=torch_memory", "global_profiler.save_path=./mem_snapshots",
         "global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries=100000",
         "global_profiler.global_tool_config.torch_memory.stack_depth=32",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
@@ -127,6 +126,7 @@ def test_verls_gsm8k_tool_example_runs_with_embers_command(inputs, tmp_path, for
     assert ember_main(["train", "--config-path", str(CONFIGS), "--config-name", "gsm8k_multiturn_grpo",
                        *overrides, *added]) == 0
 
+    assert not list(tmp_path.glob("mem_snapshots/**/*.pickle"))  # torch_memory on CPU: nothing to record
     records = {record["step"]: record for record in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
                if "actor/pg_loss" in record}
     assert sorted(records) == [1, 2]
