@@ -407,11 +407,14 @@ def _profiler_errors(cfg: EmberConfig) -> list[str]:
     if profiler.tool is None:
         return ([f"global_profiler.steps={profiler.steps} profiles nothing without a tool: add global_profiler.tool=torch"]
                 if profiler.steps else [])
-    if profiler.tool != "torch":
+    if profiler.tool not in ("torch", "torch_memory"):
         return [f"global_profiler.tool={profiler.tool} is not implemented yet; use torch (torch.profiler traces with "
-                "a phase table per process)"]
+                "a phase table per process) or torch_memory (CUDA memory snapshots)"]
+    if profiler.tool == "torch_memory" and profiler.steps is None:
+        return []  # a snapshot after every step, as verl takes it
     if not profiler.steps:
-        return ["global_profiler.tool=torch needs global_profiler.steps, the training steps to profile, e.g. [2]"]
+        return [f"global_profiler.tool={profiler.tool} needs global_profiler.steps, the training steps to profile, "
+                "e.g. [2]"]
     if min(profiler.steps) < 1:
         return [f"global_profiler.steps={profiler.steps}: steps count from 1"]
     return []

@@ -168,7 +168,9 @@ RL_VERL_KEYS: dict[str, VerlKey] = {
     "actor_rollout_ref.rollout.enable_prefix_caching": VerlKey(
         "ember's engine shares a prompt's prefill among its own rollout.n samples", True),
     "actor_rollout_ref.rollout.multi_stage_wake_up": VerlKey("ember wakes its engine in one stage", False),
-    "actor_rollout_ref.rollout.over_sample_rate": VerlKey("verl's agent loop only", 0),
+    "actor_rollout_ref.rollout.over_sample_rate": VerlKey(
+        "verl's older SGLang rollout aborted the last over_sample_rate of requests (its newer code reads the key "
+        "nowhere); ember generates every request to its end", 0),
     "actor_rollout_ref.rollout.skip_rollout": VerlKey("rollouts are always generated", False, refuse=True),
     "actor_rollout_ref.rollout.skip_dump_dir": VerlKey("skip_rollout only (refused)"),
     "actor_rollout_ref.rollout.skip_tokenizer_init": VerlKey("ember's engine takes token ids", True),
@@ -198,7 +200,10 @@ RL_VERL_KEYS: dict[str, VerlKey] = {
     "data.video_key": VerlKey("ember reads text only"),
     "data.return_multi_modal_inputs": VerlKey("ember reads text only"),
     "data.validation_shuffle": VerlKey("validation data is read in order", False),
-    "global_profiler.global_tool_config": VerlKey("nsys/npu/torch_memory options; ember's profiler is torch.profiler"),
+    "global_profiler.global_tool_config.nsys": VerlKey("Nsight Systems options; ember profiles with torch.profiler"),
+    "global_profiler.global_tool_config.torch_memory.stack_depth": VerlKey(
+        "torch's recorder keeps whole stacks (torch.cuda.memory._record_memory_history takes no depth)", 32),
+    "global_profiler.global_tool_config.torch_memory.kw_args": VerlKey("verl's code reads it nowhere", {}),
     "reward_model.enable_resource_pool": VerlKey("the reward model runs in the roles' pool", False, refuse=True),
     "reward_model.n_gpus_per_node": VerlKey("enable_resource_pool only (refused)", 0),
     "reward_model.nnodes": VerlKey("enable_resource_pool only (refused)", 0),

@@ -16,6 +16,7 @@ from typing import Any
 from ember.config.schema import EmberConfig
 from ember.distributed.device import init_distributed, peak_memory_bytes, rank
 from ember.profiling import ProcessProfile, phase
+from ember.trainer.memory_snapshots import dump_memory_snapshot, start_memory_history
 
 
 class RankWorker:
@@ -27,8 +28,11 @@ class RankWorker:
         use_configured_device(cfg.trainer.device)
         # this rank's process group (a one-rank group in the driver's process)
         init_distributed(timeout_s=cfg.actor_rollout_ref.nccl_timeout)
-        self.roles = build_rank_roles(cfg, tuple(roles), total_steps)
         self.name = f"{'+'.join(roles)}_rank{rank()}"  # its profiles' file names
+        profiler = cfg.global_profiler
+        self.records_memory = (profiler.tool == "torch_memory"  # before the roles allocate, so the snapshots hold them
+                               and start_memory_history(profiler.global_tool_config.torch_memory, self.name))
+        self.roles = build_rank_roles(cfg, tuple(roles), total_steps)
         self.profile = ProcessProfile()
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -51,3 +55,8 @@ class RankWorker:
 
     def cancel_profile(self) -> None:
         self.profile.cancel()
+
+    def dump_memory_snapshot(self, folder: str) -> str | None:
+        """global_profiler.tool=torch_memory: this process's CUDA memory snapshot into `folder`; its path (None
+        where the process has no CUDA device)."""
+        return dump_memory_snapshot(folder, self.name) if self.records_memory else None

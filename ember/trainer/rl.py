@@ -44,6 +44,7 @@ from ember.trainer.rollout_correction import needs_old_log_probs as needs_correc
 from ember.trainer.resume import resume_from_checkpoint
 from ember.trainer.run_folder import claim_run_folder
 from ember.trainer.run_state import save_run_state
+from ember.trainer.memory_snapshots import MemorySnapshots
 from ember.trainer.step_profiler import StepProfiler
 from ember.trainer.summary import finish_rl_run
 from ember.trainer.dumps import advantages_in_generation_order, generation_records, write_generations
@@ -84,6 +85,7 @@ class RLTrainer:
         self.stale_dropped = 0  # fully_async: samples of this step dropped as too stale (then generated again)
         self.weight_sync_gb = 0.0  # the size of one weight sync to a rollout pool of its own
         self.profiler = StepProfiler(cfg.global_profiler, parts.worker_groups(), parts.total_steps)
+        self.memory_snapshots = MemorySnapshots(cfg.global_profiler, parts.worker_groups())
 
     def checkpointed_roles(self) -> list[tuple[str, object]]:
         """The roles a checkpoint holds, under their folder names: the actor, and the critic if any
@@ -136,9 +138,12 @@ class RLTrainer:
         return finish_rl_run(self, time.monotonic() - start_time)
 
     def train_step(self, prompts) -> dict[str, float]:
-        """One step on `prompts` (profiled when `global_profiler.steps` names it); its metrics."""
+        """One step on `prompts` (profiled, or its memory snapshot written, as `global_profiler` says); its
+        metrics."""
         with self.profiler.around(self.step):
-            return self.run_step(prompts)
+            metrics = self.run_step(prompts)
+        self.memory_snapshots.after(self.step)
+        return metrics
 
     def run_step(self, prompts) -> dict[str, float]:
         cfg, parts = self.cfg, self.parts

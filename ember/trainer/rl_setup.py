@@ -184,7 +184,8 @@ def check_input_paths(cfg: EmberConfig) -> None:
     outputs = {"trainer.default_local_dir": cfg.trainer.default_local_dir,
                "trainer.rollout_data_dir": cfg.trainer.rollout_data_dir,
                "trainer.validation_data_dir": cfg.trainer.validation_data_dir,
-               "global_profiler.save_path": profiler.save_path if profiler.tool and profiler.steps else None,
+               "global_profiler.save_path": (profiler.save_path if profiler.tool == "torch_memory" or
+                                             (profiler.tool and profiler.steps) else None),
                **tensorboard_environment_dir(cfg.trainer.logger)}
     for key, path in outputs.items():
         if path:

@@ -38,8 +38,9 @@ class StepProfiler:
 
     def __init__(self, config: GlobalProfilerConfig, groups: list, total_steps: int):
         self.save_path = os.path.abspath(config.save_path)  # the same folder for workers whatever their directory
-        ranges = profiled_ranges(config.steps, config.profile_continuous_steps) if config.tool else []
-        beyond = [step for step in config.steps or [] if step > total_steps] if config.tool else []
+        traced = config.tool == "torch"  # torch_memory's snapshots: memory_snapshots.py
+        ranges = profiled_ranges(config.steps, config.profile_continuous_steps) if traced else []
+        beyond = [step for step in config.steps or [] if step > total_steps] if traced else []
         if beyond:
             logger.warning("global_profiler.steps %s are past the run's last step %d: not profiled", beyond, total_steps)
         self.ranges = [(first, min(last, total_steps)) for first, last in ranges if first <= total_steps]
