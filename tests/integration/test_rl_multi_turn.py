@@ -14,7 +14,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from ember.cli import main as ember_main
-from ember.inference.engine import LLMEngine
+from forced_tool_call import call_tokens, force_first_turn
 from rl_helpers import run_overrides
 
 TOOLS = """\
@@ -38,29 +38,12 @@ CALL = '<tool_call>{"name": "code_interpreter", "arguments": {"code": "print(2 +
 
 @pytest.fixture
 def forced_call(monkeypatch):
-    """Each sample's first model turn (a context without the call yet) becomes CALL + <|im_end|>: the tool call
-    a trained model would write. Returns the call's tokens, filled in once the tokenizer is known."""
-    real_step = LLMEngine.step
-    call: list[int] = []
-
-    def step(engine, sampling):
-        finished = real_step(engine, sampling)
-        for sequence in finished:
-            context = sequence.token_ids[:sequence.prompt_length]
-            if not any(context[start:start + len(call)] == call for start in range(len(context))):
-                tokens = call[:sequence.max_new_tokens]
-                sequence.token_ids[sequence.prompt_length:] = tokens
-                sequence.log_probs[:] = [-1.0] * len(tokens)
-                sequence.finish_reason = "stop"
-        return finished
-
-    monkeypatch.setattr(LLMEngine, "step", step)
-    return call
+    return force_first_turn(monkeypatch)
 
 
 def test_a_multi_turn_grpo_run_with_tools_trains_and_resumes(inputs, tmp_path, forced_call):
     tokenizer = AutoTokenizer.from_pretrained(inputs.model_dir)
-    forced_call += tokenizer.encode(CALL, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    forced_call += call_tokens(tokenizer, CALL)
     tool_config = tmp_path / "tools.yaml"
     tool_config.write_text(TOOLS)
     run_dir = tmp_path / "run"

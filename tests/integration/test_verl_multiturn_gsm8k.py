@@ -18,8 +18,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from ember.cli import main as ember_main
+from forced_tool_call import call_tokens, force_first_turn
 from ember.data.parquet import write_parquet
-from ember.inference.engine import LLMEngine
 
 CONFIGS = Path(__file__).resolve().parents[1] / "verl_multiturn_configs"
 CALL = '<tool_call>{"name": "calc_gsm8k_reward", "arguments": {"answer": "72"}}</tool_call>'
@@ -89,28 +89,12 @@ def verl_script_overrides(model: Path, train: Path, test: Path, tool_config: Pat
 
 @pytest.fixture
 def forced_call(monkeypatch):
-    """Each sample's first model turn becomes CALL + <|im_end|> (see test_rl_multi_turn.py); the call's tokens
-    are filled in once the tokenizer is known."""
-    real_step = LLMEngine.step
-    call: list[int] = []
-
-    def step(engine, sampling):
-        finished = real_step(engine, sampling)
-        for sequence in finished:
-            context = sequence.token_ids[:sequence.prompt_length]
-            if not any(context[start:start + len(call)] == call for start in range(len(context))):
-                sequence.token_ids[sequence.prompt_length:] = call[:sequence.max_new_tokens]
-                sequence.log_probs[:] = [-1.0] * len(call[:sequence.max_new_tokens])
-                sequence.finish_reason = "stop"
-        return finished
-
-    monkeypatch.setattr(LLMEngine, "step", step)
-    return call
+    return force_first_turn(monkeypatch)
 
 
 def test_verls_gsm8k_tool_example_runs_with_embers_command(inputs, tmp_path, forced_call, monkeypatch):
     tokenizer = AutoTokenizer.from_pretrained(inputs.model_dir)
-    forced_call += tokenizer.encode(CALL, add_special_tokens=False) + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    forced_call += call_tokens(tokenizer, CALL)
     rows = {split: [gsm8k_multiturn_row(question, solution, split, index)
                     for index, (question, solution) in enumerate(QUESTIONS)] for split in ("train", "test")}
     train, test = (write_parquet(rows[split], tmp_path / f"{split}.parquet") for split in ("train", "test"))
