@@ -114,8 +114,10 @@ RL_UNIMPLEMENTED: list[Row] = [
     _flag("async_training.partial_rollout", "(a generation interrupted at a weight sync and continued with the new "
                                             "weights) is not implemented yet: a generation finishes with the weights "
                                             "it started with; set it false"),
-    _flag("trainer.default_hdfs_dir", "(copying checkpoints to remote storage) is not implemented yet; copy "
-                                      "trainer.default_local_dir yourself or leave it null"),
+    (lambda cfg: "://" in (cfg.trainer.default_hdfs_dir or ""),
+     lambda cfg: f"trainer.default_hdfs_dir={cfg.trainer.default_hdfs_dir}: copying checkpoints to remote storage "
+                 "(hdfs://, s3://, ...) is not implemented yet; give a local or mounted folder (each checkpoint is "
+                 "copied there) or null"),
     (lambda cfg: cfg.actor_rollout_ref.rollout.tensor_model_parallel_size > 1
      and cfg.actor_rollout_ref.rollout.engine == "hf",
      lambda cfg: f"{_A}.rollout.tensor_model_parallel_size={cfg.actor_rollout_ref.rollout.tensor_model_parallel_size} "

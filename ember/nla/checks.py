@@ -150,6 +150,8 @@ def check_nla_sft_start(cfg: NLASFTConfig) -> None:
     check_data_files("data.train_files", cfg.data.train_files)
     check_data_files("data.val_files", cfg.data.val_files)
     check_output_dir("trainer.default_local_dir", cfg.trainer.default_local_dir)
+    if cfg.trainer.default_hdfs_dir:
+        check_output_dir("trainer.default_hdfs_dir", cfg.trainer.default_hdfs_dir)
     check_data_markers([*_as_list(cfg.data.train_files), *_as_list(cfg.data.val_files)],
                        cfg.model.tokenizer_path or cfg.model.partial_pretrain, cfg.nla.injection.injection_token,
                        cfg.model.trust_remote_code)

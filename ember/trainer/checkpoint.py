@@ -63,9 +63,10 @@ def check_resume_path(path: str | None) -> None:
 class CheckpointManager:
     """Saves and finds the run's checkpoints; only rank 0 renames and prunes."""
 
-    def __init__(self, root: str, keep: int | None, is_writer: bool = True):
+    def __init__(self, root: str, keep: int | None, is_writer: bool = True, copy_to: str | None = None):
         self.root = root
         self.keep = keep
+        self.copy_to = copy_to  # trainer.default_hdfs_dir: a folder each checkpoint is also copied to (never pruned)
         self.is_writer = is_writer
         self.written: set[int] = set()  # steps this run saved
         self.resumed_step: int | None = None  # the step of this folder the run resumed from, if any
@@ -97,9 +98,27 @@ class CheckpointManager:
             with open(os.path.join(self.root, TRACKER_FILE), "w", encoding="utf-8") as handle:
                 handle.write(str(step))
             self.written.add(step)
+            self._copy(final)
             self._prune()
         barrier()
         return final
+
+    def _copy(self, checkpoint: str) -> None:
+        """The checkpoint also to `copy_to` (verl's default_hdfs_dir on a local or mounted folder), through a
+        temporary name like the checkpoint itself, so a copy cut short never looks complete."""
+        if not self.copy_to:
+            return
+        target = os.path.join(self.copy_to, os.path.basename(checkpoint))
+        partial = os.path.join(self.copy_to, f".{os.path.basename(checkpoint)}.tmp")
+        shutil.rmtree(partial, ignore_errors=True)
+        try:
+            shutil.copytree(checkpoint, partial)
+        except OSError as error:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise CheckpointError(f"trainer.default_hdfs_dir={self.copy_to}: copying {checkpoint} there failed "
+                                  f"({error}); the checkpoint itself is saved in {self.root}") from error
+        shutil.rmtree(target, ignore_errors=True)
+        os.replace(partial, target)
 
     def _space_error(self, step: int) -> CheckpointError:
         free = shutil.disk_usage(self.root).free / 2**30

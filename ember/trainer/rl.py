@@ -71,7 +71,8 @@ class RLTrainer:
         kl = cfg.algorithm.kl_ctrl
         self.kl_controller = (AdaptiveKLController(kl.kl_coef, kl.target_kl, kl.horizon) if kl.type == "adaptive"
                               else FixedKLController(kl.kl_coef))
-        self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_actor_ckpt_to_keep, is_writer=rank() == 0)
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_actor_ckpt_to_keep, is_writer=rank() == 0,
+                                             copy_to=cfg.trainer.default_hdfs_dir)
         self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, parts.total_steps, enabled=rank() == 0,
                                    tracked_run=TrackedRun.of(cfg))
         self.guard = BadStepGuard(cfg.trainer.max_loss_or_grad_norm)

@@ -182,6 +182,7 @@ def check_input_paths(cfg: EmberConfig) -> None:
     check_data_files("data.val_files", cfg.data.val_files)
     profiler = cfg.global_profiler
     outputs = {"trainer.default_local_dir": cfg.trainer.default_local_dir,
+               "trainer.default_hdfs_dir": cfg.trainer.default_hdfs_dir,
                "trainer.rollout_data_dir": cfg.trainer.rollout_data_dir,
                "trainer.validation_data_dir": cfg.trainer.validation_data_dir,
                "global_profiler.save_path": (profiler.save_path if profiler.tool == "torch_memory" or

@@ -81,7 +81,8 @@ class SFTTrainer:
         # group share a share with Megatron.
         self.dp_rank, self.dp_size = self.engine.dp_rank, self.engine.dp_size
         self.step = 0
-        self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_ckpt_to_keep, is_writer=self.rank == 0)
+        self.checkpoints = CheckpointManager(self.run_dir, cfg.trainer.max_ckpt_to_keep, is_writer=self.rank == 0,
+                                             copy_to=cfg.trainer.default_hdfs_dir)
         self.logger = MetricLogger(self.run_dir, cfg.trainer.logger, self.total_steps, enabled=self.rank == 0,
                                    tracked_run=TrackedRun.of(cfg))
         self.guard = BadStepGuard(cfg.trainer.max_loss_or_grad_norm)
@@ -313,9 +314,11 @@ def check_sft_config(cfg: SFTConfig) -> None:
     check_data_files("data.train_files", cfg.data.train_files)
     check_data_files("data.val_files", cfg.data.val_files)
     outputs = {"trainer.default_local_dir": cfg.trainer.default_local_dir,
+               "trainer.default_hdfs_dir": cfg.trainer.default_hdfs_dir,
                **tensorboard_environment_dir(cfg.trainer.logger)}
     for key, path in outputs.items():
-        check_output_dir(key, path)
+        if path:
+            check_output_dir(key, path)
     check_tracker_login(cfg.trainer.logger)
     check_run_folder(cfg.trainer, sft_checkpointed_models(cfg))
     configured = configured_world_size(cfg.trainer)

@@ -152,3 +152,18 @@ def test_the_forks_actor_gradient_scale_divides_the_actor_gradient_by_n(tmp_path
     assert lines[True]["actor/grad_norm"] > 0
     for key in ("actor/pg_loss", "critic/critic_loss", "critic/grad_norm"):
         assert lines[True][key] == pytest.approx(lines[False][key], rel=1e-5, abs=1e-7), key
+
+
+def test_the_forks_own_rl_file_runs_and_copies_each_checkpoint_to_its_hdfs_dir(tmp_path, model_dir):
+    """The fork's real base (tests/verl_fork_configs/nla_grpo_full.yaml) sets trainer.default_hdfs_dir; the run is
+    not refused, and each checkpoint is also copied to that folder (here a temporary one)."""
+    train = write_parquet(rows(), tmp_path / "rl_train_layer1.parquet")
+    fork = str(Path(__file__).resolve().parents[1] / "verl_fork_configs")
+    copies = tmp_path / "hdfs"
+    overrides = [*run_overrides(tmp_path, model_dir, train, steps=1), f"trainer.default_hdfs_dir={copies}",
+                 "actor_rollout_ref.model.trust_remote_code=false", "critic.model.trust_remote_code=false",
+                 "trainer.device=auto"]  # the fork's base asks for cuda
+    assert main(["nla", "train", "--config-path", fork, "--config-name", "runs/qwen_7b/rl_grpo", *overrides]) == 0
+    assert (tmp_path / "run" / "global_step_1").is_dir() and (copies / "global_step_1").is_dir()
+    assert sorted(path.name for path in (copies / "global_step_1").iterdir()) == \
+        sorted(path.name for path in (tmp_path / "run" / "global_step_1").iterdir())

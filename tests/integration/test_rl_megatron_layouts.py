@@ -48,6 +48,8 @@ def megatron_ray():
     ray = pytest.importorskip("ray")
     here = Path(__file__).parent
     path = os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")])
+    if ray.is_initialized():  # a Ray another test's run left up (its driver process is this one): start clean
+        ray.shutdown()
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
              runtime_env={"env_vars": {"PYTHONPATH": path, "OMP_NUM_THREADS": "1"},
                           "worker_process_setup_hook": "megatron_on_cpu.stand_in_cuda"})

@@ -81,3 +81,15 @@ def test_a_full_disk_while_saving_is_a_clean_stop_that_keeps_the_earlier_checkpo
 
     with pytest.raises(ValueError, match="a bug"):  # anything else is not a full disk
         manager.save(4, other_failure)
+
+
+def test_each_checkpoint_is_copied_to_default_hdfs_dir_and_the_copies_are_kept(tmp_path):
+    """trainer.default_hdfs_dir on a local or mounted folder (the NLA fork's base file sets one): every published
+    checkpoint is also copied there, whole; keep-N prunes the run folder only."""
+    copies = tmp_path / "copies"
+    manager = CheckpointManager(str(tmp_path / "run"), keep=1, copy_to=str(copies))
+    for step in (1, 2):
+        manager.save(step, write_marker)
+    assert steps(tmp_path / "run") == [2] and steps(copies) == [1, 2]
+    assert (copies / "global_step_2" / "weights").read_text() == "x"
+    assert not list(copies.glob(".*.tmp"))

@@ -33,7 +33,7 @@ def test_defaults_need_nothing_unimplemented():
       "algorithm.filter_groups.metric=acc", f"{A}.rollout.name=ember"],
      "async_training.mode=one_step_off with algorithm.filter_groups"),
     ([f"{A}.actor.fsdp_config.fsdp_size=2", "trainer.n_gpus_per_node=4"], "fsdp_config.fsdp_size (hybrid sharding, HSDP)"),
-    (["trainer.default_hdfs_dir=hdfs://x/ckpt"], "trainer.default_hdfs_dir=hdfs://x/ckpt (copying checkpoints to remote"),
+    (["trainer.default_hdfs_dir=hdfs://x/ckpt"], "trainer.default_hdfs_dir=hdfs://x/ckpt: copying checkpoints to remote"),
     ([f"{A}.actor.strategy=megatron", f"{A}.actor.megatron.context_parallel_size=2", "trainer.n_gpus_per_node=2",
       f"{A}.rollout.name=ember"], f"{A}.actor.megatron.context_parallel_size=2 is not implemented yet"),
 ])

@@ -45,7 +45,8 @@ class RunConfig:
         False, "let a fresh run (resume_mode=disable, auto with nothing to resume, or resume_path from another "
                "folder) replace the run whose checkpoints or metrics default_local_dir holds: they are deleted once "
                "the run has started; false = such a run is refused at start, the folder untouched")
-    default_hdfs_dir: str | None = field_(None, "remote folder checkpoints are copied to; null = none")
+    default_hdfs_dir: str | None = field_(
+        None, "a folder each checkpoint is also copied to (local or mounted; hdfs:// and other URLs refused); null = none")
 
 
 @dataclass
