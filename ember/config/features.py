@@ -40,6 +40,12 @@ def _yaml_text(value: Any) -> str:
 _A = "actor_rollout_ref"
 
 
+def _mcore_overrides(megatron) -> list[str]:
+    """Keys of `override_mcore_model_config` that would change the model: `use_cache` (HF generation's KV cache,
+    which the NLA fork's 30B files set false) means nothing to a training model and is accepted."""
+    return sorted(set(megatron.override_mcore_model_config) - {"use_cache"})
+
+
 def _megatron_rows(role: str) -> list[Row]:
     """Megatron keys of a role whose code has not landed: initial weights from a Megatron checkpoint,
     model-constructor overrides, context parallelism."""
@@ -50,9 +56,9 @@ def _megatron_rows(role: str) -> list[Row]:
     return [(lambda cfg: megatron(cfg) is not None and megatron(cfg).use_dist_checkpointing,
              lambda cfg: f"{role}.megatron.use_dist_checkpointing=true (initial weights from a Megatron checkpoint) is "
                          "not implemented yet; start from the HF model (ember converts it with mbridge)"),
-            (lambda cfg: megatron(cfg) is not None and bool(megatron(cfg).override_mcore_model_config),
+            (lambda cfg: megatron(cfg) is not None and bool(_mcore_overrides(megatron(cfg))),
              lambda cfg: f"{role}.megatron.override_mcore_model_config="
-                         f"{sorted(megatron(cfg).override_mcore_model_config)} is not implemented yet; remove it "
+                         f"{_mcore_overrides(megatron(cfg))} is not implemented yet; remove it "
                          "(TransformerConfig fields go in override_transformer_config)"),
             (lambda cfg: megatron(cfg) is not None and megatron(cfg).context_parallel_size > 1,
              lambda cfg: f"{role}.megatron.context_parallel_size={megatron(cfg).context_parallel_size} is not "

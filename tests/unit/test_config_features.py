@@ -120,6 +120,14 @@ def test_megatron_keys_without_code_are_refused_by_name(key, value, message):
         check_implemented(cfg)
 
 
+def test_use_cache_in_override_mcore_model_config_is_accepted_as_the_forks_30b_files_write_it():
+    megatron = [f"{A}.actor.strategy=megatron", "algorithm.adv_estimator=grpo"]
+    check_implemented(load_config([*megatron, f"{A}.actor.megatron.override_mcore_model_config={{use_cache: false}}"]))
+    with pytest.raises(NotImplementedFeature, match=re.escape("override_mcore_model_config=['rotary_percent']")):
+        check_implemented(load_config([*megatron, f"{A}.actor.megatron.override_mcore_model_config="
+                                                  "{use_cache: false, rotary_percent: 0.5}"]))
+
+
 def test_vllm_and_sglang_names_run_on_embers_engine():
     for name in ("vllm", "sglang"):
         cfg = load_config([f"{A}.rollout.name={name}"])
