@@ -29,8 +29,8 @@ import torch
 from ember.models.tiny import train_tiny_tokenizer
 from ember.trainer.loggers import read_jsonl_metrics
 
-from common import REPO_DIR, Workload, build_model_dir, environment, git_commit, make_prompts, markdown_table, \
-    write_prompt_parquet, write_reward_file
+from common import REPO_DIR, Workload, build_model_dir, environment, format_number, git_commit, make_prompts, \
+    markdown_table, write_prompt_parquet, write_reward_file
 from grpo_step import ember_overrides
 
 
@@ -82,7 +82,7 @@ def run_mode(base: list[str], overrides: list[str], run_dir: str, warmup: int, t
 
 def table(rows: list[tuple[str, dict]]) -> str:
     def number(value, digits=2):
-        return "-" if value is None else f"{value:.{digits}f}"
+        return format_number(value, digits)
     baseline = next((result["step_s"] for _, result in rows if "error" not in result and result["step_s"]), None)
     lines = []
     for name, result in rows:

@@ -35,8 +35,8 @@ from ember.models.tiny import train_tiny_tokenizer
 from ember.nla.marker import MARKER_CANDIDATES
 from ember.trainer.loggers import read_jsonl_metrics
 
-from common import REPO_DIR, Workload, build_model_dir, environment, git_commit, make_prompts, markdown_table, \
-    write_prompt_parquet, write_reward_file
+from common import REPO_DIR, Workload, build_model_dir, environment, format_number, git_commit, make_prompts, \
+    markdown_table, write_prompt_parquet, write_reward_file
 from grpo_step import ember_overrides
 
 MEGATRON = "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron"
@@ -161,7 +161,7 @@ def write_nla_data(hidden_size: int, layer: int, count: int, path: str) -> str:
 
 def table(rows: list[tuple[str, int, dict]]) -> str:
     def number(value, digits=6):
-        return "-" if value is None else f"{value:.{digits}f}"
+        return format_number(value, digits)
     lines = []
     for name, gpus, result in rows:
         if "error" in result:
