@@ -93,7 +93,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--response-length", type=int, default=64)
     parser.add_argument("--shape", default=None, help="one model shape for every workload (e.g. tiny, a CPU smoke run)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds one run may take")
-    parser.add_argument("--only", default=None, help="run only the layouts whose name contains this")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only the layouts whose name is this (repeatable)")
     parser.add_argument("--override", action="append", default=[], help="an override added to every run")
     parser.add_argument("--out", default=None, help="results as JSON (rewritten after every run)")
     return parser.parse_args(argv)
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
                                           os.path.join(work_dir, f"rl_train_layer{layer}.parquet"))
             rows = []
             for row, gpus, overrides in layouts:
-                if gpus > args.max_gpus or (args.only and args.only not in row):
+                if gpus > args.max_gpus or (args.only and row not in args.only):
                     continue
                 run_dir = os.path.join(work_dir, f"{name}-{len(rows)}")
                 if name == "nla":

@@ -19,7 +19,7 @@ split over two GPUs against two engines of one GPU each, on the same batch. `ste
 decode step's time against one engine on one GPU (the issue's goal for TP=2 at 64 rows on the 7B
 shape: at most 0.6). Layouts of more than one GPU run in a fresh `torchrun` launch of this script
 (one process per GPU, NCCL; gloo on CPU), timed from a barrier of all ranks to the next; their
-decode runs without CUDA graphs (not captured at TP>1 yet). transformers runs on one GPU only.
+decode steps are CUDA graphs with the NCCL collectives inside (`--eager` for none). transformers runs on one GPU only.
 `--device cpu` runs everything on the CPU in fp32 (a smoke test of the script, not a measurement).
 `--quantization fp8` runs every ember layout a second time with rollout.quantization=fp8 (FP8 weights,
 `ember/inference/models/fp8.py`), its row beside the unquantised one, and `step vs 1x1` then compares

@@ -34,7 +34,7 @@ def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -
     if not ray.is_initialized():
         environment = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
         with quiet_ray_environment(keep_task_events=ray_init.timeline_json_file is not None):
-            ray.init(num_cpus=ray_init.num_cpus, num_gpus=ray_init.num_gpus, include_dashboard=False,
+            ray.init(num_cpus=ray_init.num_cpus, num_gpus=visible_gpus(ray_init.num_gpus), include_dashboard=False,
                      runtime_env={"env_vars": environment})
     resources = ray.cluster_resources()
     use_gpus = wants_gpus and resources.get("GPU", 0) > 0
@@ -52,6 +52,17 @@ def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -
                           "start Ray first: `ray start --head` on one, `ray start --address=HEAD_IP:6379` on the "
                           "others, then run ember on the head; on one machine set trainer.nnodes=1")
     return RayOptions(use_gpus=use_gpus)
+
+
+def visible_gpus(asked: int | None) -> int | None:
+    """The GPUs a Ray started here holds: those asked for, else the ones this process sees. Ray counts a
+    host's GPUs itself and refuses to start when CUDA_VISIBLE_DEVICES names fewer (a run given some of a
+    host's GPUs: "Attempting to start raylet with 8 GPU, but CUDA_VISIBLE_DEVICES contains ...")."""
+    if asked is not None or not os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return asked
+    import torch
+
+    return torch.cuda.device_count()
 
 
 QUIET_RAY_ENVIRONMENT = {"RAY_enable_metrics_collection": "0", "RAY_task_events_report_interval_ms": "0"}

@@ -106,11 +106,9 @@ class LLMEngine:
     def _graph_safe(self) -> bool:
         """Whether a decode step can be captured: attention must run in the Triton kernel (the gathered
         path reads the whole block table), and MoE layers' grouped matmuls stay on the device only in
-        bf16 on sm90+."""
+        bf16 on sm90+. At rollout TP > 1 the step's NCCL all-reduces and all-gathers are captured too."""
         if self.device.type != "cuda":
             return True
-        if self.tensor_parallel.size > 1:  # all-reduces inside a captured step: not yet measured on GPUs
-            return False
         if not kernels_support_head_dim(self.model.head_dim):
             return False
         if not any(self.model.spec.sparse_layers):

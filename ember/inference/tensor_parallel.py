@@ -4,8 +4,9 @@ Attention is split by heads (each rank its share of the query and key-value head
 cache; with fewer key-value heads than ranks, each key-value head is held by the ranks whose query
 heads read it), every SwiGLU MLP (dense, each routed expert, the shared expert) by its intermediate
 width (gate and up by rows, down by columns), and the embedding and LM head by vocabulary rows. Each
-block's output projection leaves a partial sum that one all-reduce completes, so every rank of the
-group ends each block with the same hidden states; the embedding is a masked lookup completed by an
+block's output projection leaves a partial sum (in fp32: `layers.PartialSumLinear`) that one all-reduce
+completes in fp32, rounded to bf16 once as the unsplit product is, so every rank of the group ends each
+block with the same hidden states; the embedding is a masked lookup completed by an
 all-reduce, and the LM head's logits are all-gathered over the vocabulary, so every rank samples the
 same tokens from the same whole logits with the batch-invariant sampler. The ranks' schedulers then
 take the same decisions and need no messages besides these collectives (and one agreement on the
@@ -41,6 +42,15 @@ class TensorParallel:
         if self.size > 1:
             dist.all_reduce(tensor, group=self.group)
         return tensor
+
+    def sum_partials(self, partial: Tensor, dtype: torch.dtype) -> Tensor:
+        """A block's output from this rank's partial sum of it: summed over the group in fp32 and rounded to
+        `dtype` once (at size 1, `partial` in `dtype`)."""
+        if self.size == 1:
+            return partial.to(dtype)
+        summed = partial.float()
+        dist.all_reduce(summed, group=self.group)
+        return summed.to(dtype)
 
     def all_gather_last_dim(self, tensor: Tensor) -> Tensor:
         """Every rank's `tensor` side by side along the last dimension, in rank order (`tensor` at size 1)."""

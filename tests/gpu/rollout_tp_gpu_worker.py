@@ -1,4 +1,4 @@
-"""torchrun --nproc_per_node=2: ember's engine on real weights split over two GPUs (rollout tensor parallel 2,
+"""torchrun --nproc_per_node=N: ember's engine on real weights split over N GPUs (rollout tensor parallel N,
 NCCL) against the whole engine on each GPU, greedy and sampled. Arguments: the model's HF folder, a JSON file of
 prompt token ids, the JSON file rank 0 writes: {"whole"|"split": {"greedy"|"sampled": [[tokens, log-probs], ...]}}."""
 
@@ -35,7 +35,7 @@ def main(model_dir: str, prompts_file: str, out_file: str) -> None:
     with open(prompts_file, encoding="utf-8") as handle:
         given = json.load(handle)
     whole = generate(model_dir, given["prompts"], given["stop"], 1)
-    split = generate(model_dir, given["prompts"], given["stop"], 2)
+    split = generate(model_dir, given["prompts"], given["stop"], dist.get_world_size())
     if dist.get_rank() == 0:
         with open(out_file, "w", encoding="utf-8") as handle:
             json.dump({"whole": whole, "split": split}, handle)

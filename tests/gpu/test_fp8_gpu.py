@@ -32,7 +32,9 @@ def test_scaled_mm_equals_the_reference_product_of_the_same_quantised_values(row
     expected = reference_scaled_matmul(inputs, input_scales, weight, weight_scales, torch.bfloat16)
     actual = scaled_linear(states, weight, weight_scales, None)
     assert weight.dtype == FP8_DTYPE and actual.dtype == torch.bfloat16
-    torch.testing.assert_close(actual.float(), expected.float(), rtol=1e-2, atol=1e-2)
+    # Products of about 30 in magnitude (up to 150): Hopper's FP8 matmul accumulates in fewer bits than fp32,
+    # 0.023 apart at most on an H100; a wrong scale or transposed operand is off by whole units.
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=1e-2, atol=0.05)
 
 
 def test_fp8_graph_steps_equal_eager_steps_and_stay_close_to_bf16():

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch import nn
 from transformers import AutoModelForCausalLM
 
 from ember.inference import EngineConfig, LLMEngine
 from ember.inference.attention import AttentionInputs, gathered_attention
 from ember.inference.hashing import gumbel_noise, row_keys
+from ember.inference.models.layers import PartialSumLinear
 from ember.models.tiny import tiny_model_config
 from ember.rollout.base import SamplingParams
 
@@ -21,8 +23,9 @@ PROMPTS = [[5, 9, 13], [7, 3, 22, 40, 41, 90, 2], [100], [64, 65, 1, 2, 3, 4, 5,
 
 def model_of(dtype: torch.dtype, seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    config = tiny_model_config("qwen2", vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
-                               num_attention_heads=8, num_key_value_heads=2, initializer_range=0.05, **overrides)
+    settings = dict(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+                    num_key_value_heads=2, initializer_range=0.05)
+    config = tiny_model_config("qwen2", **(settings | overrides))
     return AutoModelForCausalLM.from_config(config, dtype=dtype).cuda().eval()
 
 
@@ -216,3 +219,16 @@ def test_graphs_survive_sleep_unless_the_cache_comes_back_elsewhere_and_tokens_s
         assert [s.generated_token_ids for s in engine.generate(PROMPTS, sampling)] == before
         assert engine.decoder.graphs and engine.decoder.kv_address == engine.kv_cache.address
         del blocker
+
+
+def test_a_split_output_projection_returns_the_unrounded_partial_sum():
+    """Rollout TP's row-split projections hand the all-reduce fp32 partials (`PartialSumLinear`), so a
+    block's output is rounded to bf16 once, as the unsplit product is."""
+    torch.manual_seed(0)
+    projection = PartialSumLinear(1536, 576, bias=True).cuda().to(torch.bfloat16)
+    states = torch.randn(37, 1536, device="cuda", dtype=torch.bfloat16)
+    partial = projection(states)
+    expected = states.float() @ projection.weight.float().t() + projection.bias.float()
+    assert partial.dtype == torch.float32
+    torch.testing.assert_close(partial, expected, rtol=1e-5, atol=1e-4)
+    assert not torch.equal(partial, nn.Linear.forward(projection, states).float())  # bf16 would round each partial

@@ -25,7 +25,7 @@ from transformers import PretrainedConfig
 
 from ember.inference.attention import AttentionInputs, paged_attention
 from ember.inference.models.fp8 import linear
-from ember.inference.models.layers import MLP, RMSNorm, fuse_linears
+from ember.inference.models.layers import MLP, RMSNorm, fuse_linears, output_projection
 from ember.inference.models.moe import SparseMoeBlock
 from ember.inference.models.rope import RotaryEmbedding
 from ember.inference.models.vocab_parallel import VocabParallelEmbedding, VocabParallelHead
@@ -106,7 +106,8 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(hidden, self.num_heads * self.head_dim, bias=spec.qkv_bias)
         self.k_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=spec.qkv_bias)
         self.v_proj = nn.Linear(hidden, self.num_kv_heads * self.head_dim, bias=spec.qkv_bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, hidden, bias=spec.output_bias)
+        self.o_proj = output_projection(self.num_heads * self.head_dim, hidden, spec.output_bias,
+                                        split=tensor_parallel.size > 1)
         if spec.query_key_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -155,7 +156,8 @@ class DecoderLayer(nn.Module):
         if spec.sparse_layers[layer_index]:
             self.mlp = SparseMoeBlock(config, spec.shared_expert, tensor_parallel.size)
         else:
-            self.mlp = MLP(config.hidden_size, config.intermediate_size // tensor_parallel.size, spec.mlp_bias)
+            self.mlp = MLP(config.hidden_size, config.intermediate_size // tensor_parallel.size, spec.mlp_bias,
+                           split=tensor_parallel.size > 1)
 
     def forward(
         self, states: Tensor, residual: Tensor | None, positions: Tensor, kv_cache: tuple[Tensor, Tensor],
@@ -166,9 +168,9 @@ class DecoderLayer(nn.Module):
             residual, normed = states, self.input_layernorm(states)
         else:
             normed, residual = self.input_layernorm.add_and_norm(states, residual)
-        attended = self.tensor_parallel.all_reduce(self.self_attn(normed, positions, kv_cache, inputs))
+        attended = self.tensor_parallel.sum_partials(self.self_attn(normed, positions, kv_cache, inputs), normed.dtype)
         normed, residual = self.post_attention_layernorm.add_and_norm(attended, residual)
-        return self.tensor_parallel.all_reduce(self.mlp(normed)), residual
+        return self.tensor_parallel.sum_partials(self.mlp(normed), normed.dtype), residual
 
 
 class DecoderBody(nn.Module):

@@ -114,14 +114,36 @@ def fuse_linears(owner: nn.Module, names: Sequence[str]) -> tuple[Tensor, Tensor
     return weight, bias, scales, views
 
 
-class MLP(nn.Module):
-    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)); gate and up one matrix product once fused."""
+class PartialSumLinear(nn.Linear):
+    """A projection split by its input width over rollout tensor-parallel ranks (attention's output
+    projection, an MLP's down projection): this rank's product is one partial sum of the whole one. In
+    bf16/fp16 on a GPU it comes back in fp32 (cuBLAS accumulates in fp32 anyway), so the group sums
+    unrounded partials and the block's output is rounded to bf16 once, as the unsplit product is: rounding
+    each partial and summing in bf16 moved a 135M model's log-probs by up to 0.1 nats at TP=3."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool) -> None:
+    def forward(self, states: Tensor) -> Tensor:
+        if states.is_cuda and states.dtype in (torch.bfloat16, torch.float16):
+            product = torch.mm(states.reshape(-1, self.in_features), self.weight.t(), out_dtype=torch.float32)
+            if self.bias is not None:
+                product += self.bias
+            return product.view(*states.shape[:-1], self.out_features)
+        return super().forward(states)
+
+
+def output_projection(in_features: int, out_features: int, bias: bool, split: bool) -> nn.Linear:
+    """A block's last projection: a `PartialSumLinear` when its input width is `split` over several ranks."""
+    return (PartialSumLinear if split else nn.Linear)(in_features, out_features, bias=bias)
+
+
+class MLP(nn.Module):
+    """SwiGLU feed-forward: down(silu(gate(x)) * up(x)); gate and up one matrix product once fused. `split`:
+    the intermediate width is this rank's share (rollout tensor parallelism), the output a partial sum."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, split: bool = False) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
         self.up_proj = nn.Linear(hidden_size, intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.down_proj = output_projection(intermediate_size, hidden_size, bias, split)
         self.register_buffer("gate_up_weight", None, persistent=False)
         self.register_buffer("gate_up_bias", None, persistent=False)
         self.register_buffer("gate_up_weight_scale", None, persistent=False)

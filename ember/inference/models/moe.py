@@ -122,7 +122,8 @@ class SparseMoeBlock(nn.Module):
         self.experts = Experts(config.num_experts, hidden, config.moe_intermediate_size // tensor_parallel_size)
         self.has_shared_expert = shared_expert
         if shared_expert:
-            self.shared_expert = MLP(hidden, config.shared_expert_intermediate_size // tensor_parallel_size, bias=False)
+            self.shared_expert = MLP(hidden, config.shared_expert_intermediate_size // tensor_parallel_size, bias=False,
+                                     split=tensor_parallel_size > 1)
             self.shared_expert_gate = nn.Linear(hidden, 1, bias=False)
 
     def forward(self, states: Tensor) -> Tensor:
