@@ -127,7 +127,7 @@ def run_ember(model_dir: str, rows: int, tensor_parallel: int, replicas: int, ar
         max_model_len=PROMPT_LENGTH + args.response_length, max_num_seqs=max(args.rows),
         max_num_batched_tokens=65536, dtype=args.dtype, device=str(current_device()),
         use_cuda_graphs=not args.eager, decode_window=args.decode_window, tensor_parallel_size=tensor_parallel,
-        quantization=quantization))
+        quantization=quantization, gpu_memory_utilization=args.gpu_memory_utilization))
     result = measure(engine.generate, prompts, rows, args.response_length)
     result["kv_blocks"] = engine.num_kv_blocks
     if engine.decoder.use_cuda_graphs:
@@ -160,7 +160,8 @@ def launch_layout(layout: tuple[int, int], model_dir: str, args, quantization: s
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(gpus),
                    os.path.abspath(__file__), "--worker-layout", f"{layout[0]}x{layout[1]}", "--model-dir", model_dir,
                    "--result-file", result_file.name, "--device", args.device, "--rows", *map(str, args.rows),
-                   "--response-length", str(args.response_length), "--decode-window", str(args.decode_window)]
+                   "--response-length", str(args.response_length), "--decode-window", str(args.decode_window),
+                   "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
         command += ["--worker-quantization", quantization] if quantization else []
         subprocess.run(command + (["--eager"] if args.eager else []), check=True)
         with open(result_file.name) as handle:
@@ -223,6 +224,8 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="ember without CUDA graphs")
     parser.add_argument("--decode-window", type=int, default=EngineConfig.decode_window)
     parser.add_argument("--response-length", type=int, default=256, help="sampled tokens per prompt (EOS ignored)")
+    parser.add_argument("--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization,
+                        help="the engine's share of each GPU's memory, its weights and KV cache together")
     parser.add_argument("--device", choices=["auto", "cpu"], default="auto",
                         help="cpu: everything on the CPU in fp32 (a smoke test of the script)")
     parser.add_argument("--quantization", choices=["fp8"], default=None,

@@ -70,8 +70,8 @@ class LLMEngine:
         self.model = build_model(hf_config, config.max_model_len + config.decode_window, config.dtype, self.device, fuse,
                                  self.tensor_parallel, config.quantization)
         load_weights(self.model, named_tensors, require_all=True)
-        if config.quantization is not None:
-            empty_cache()  # quantising left fp32 transients in the allocator's cache: the KV sizing below counts them free
+        empty_cache()  # the KV sizing below counts what the allocator keeps cached (quantising's fp32 transients,
+        # a trainer's build beside this engine) as in use
         max_blocks_per_sequence = config.blocks_for(config.max_model_len + config.decode_window)
         # every rank of a split replica schedules alike, so all hold as many blocks as the fullest can
         self.num_kv_blocks = self.tensor_parallel.agree_on_minimum(

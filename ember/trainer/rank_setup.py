@@ -254,14 +254,8 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
             loss_scale=1 / n if nla is not None and nla.fork_actor_gradient_scale else 1.0,
             bypass=bypass_correction(cfg.algorithm.rollout_correction)))
         built["actor"] = actor
-        if arr.hybrid_engine:
-            with timed(seconds, "rollout"):
-                built["rollout"] = build_policy_rollout(cfg, total_steps, actor)
-        else:  # the rollout has its own pool: this pool's first rank sends it the weights
+        if not arr.hybrid_engine:  # the rollout has its own pool: this pool's first rank sends it the weights
             built["weight_sender"] = WeightSender(actor, timeout_s=arr.nccl_timeout)
-    if "rollout" in roles and "actor" not in roles:  # hybrid_engine=false: the rollout pool's ranks
-        with timed(seconds, "rollout"):
-            built["rollout"] = build_policy_rollout(cfg, total_steps, None)
     if "reference" in roles:
         ref_cfg = arr.ref
         if arr.model.lora_rank:  # the base policy is the actor's module with its adapter off: no second copy
@@ -279,10 +273,19 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
     elif "critic" in roles:
         with timed(seconds, "critic"):
             built["critic"] = build_critic(cfg, total_steps)
-    # param/optimizer_offload: on the device only in its phases (a LoRA reference shares the actor's engine)
+    # param/optimizer_offload: on the device only in its phases (a LoRA reference shares the actor's engine).
+    # Offloaded before the rollout engine is built, which sizes its KV cache by the memory free then: with the
+    # training engines' memory off the device, as at every rollout (a 7B actor on one GPU with offload found
+    # no room for a cache when it was built beside the actor's fp32 weights).
     engines = {id(built[role].engine): built[role].engine for role in ("actor", "reference", "critic") if role in built}
     for engine in engines.values():
         engine.offload()
+    if "actor" in roles and arr.hybrid_engine:
+        with timed(seconds, "rollout"):
+            built["rollout"] = build_policy_rollout(cfg, total_steps, built["actor"])
+    elif "rollout" in roles:  # hybrid_engine=false: the rollout pool's ranks
+        with timed(seconds, "rollout"):
+            built["rollout"] = build_policy_rollout(cfg, total_steps, None)
     logger.info("engines built on rank %d: %s", rank(),
                 ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()))
     return built

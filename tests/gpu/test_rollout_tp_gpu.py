@@ -3,10 +3,11 @@ of GPUs that divides the model (2 for Qwen2.5-0.5B; 3 for SmolLM2-135M, whose 9 
 generates what the whole engine generates, greedy and sampled (T=0.7, top-p 0.9), with the same per-token
 log-probs. The split engine's decode steps are CUDA graphs with the NCCL collectives captured inside.
 
-The two compute the same logits in a different order (each block's partial sums all-reduced in bf16), so a
-near-tie can still flip a token late in a long answer; trained weights make that rare. Each answer must agree
-on its first 16 tokens, log-probs there within 0.05 nats (test_real_model_gpu's bf16 tolerance), and at
-least 80% of the answers must agree whole. The models come as in test_real_model_gpu.py:
+The two compute the same hidden states up to the last bit (each block's fp32 partial sums all-reduced, then
+rounded to bf16 once), so a near-tie can still flip a token late in a long answer; trained weights make that
+rare. Each answer must agree on its first 16 tokens, log-probs there within 0.1 nats, and at least 80% of the
+answers must agree whole. The logits are bf16: between 8 and 16 one step of a logit is 0.0625, and hidden
+states a last bit apart round some logits a step apart (0.069 nats at most, measured at TP=3 on H100s). The models come as in test_real_model_gpu.py:
 
     python -m pytest tests/gpu/test_rollout_tp_gpu.py --gguf /models/SmolLM2-135M-Instruct-Q4_1.gguf
 """
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
 
 WORKER = Path(__file__).with_name("rollout_tp_gpu_worker.py")
 PREFIX = 16
-TOLERANCE = 0.05
+TOLERANCE = 0.1
 
 
 def smallest_split(config: dict, devices: int) -> int | None:

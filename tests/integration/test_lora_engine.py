@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM
 
+from ember.engines.base import MicroBatchSpec
 from ember.engines.dcp_folder import saved_tensor_shapes
 from ember.engines.fsdp.engine import FSDPEngine
 from ember.engines.lora import LoraOptions, hf_name, is_adapter_name, to_peft_name
@@ -196,3 +197,21 @@ def test_two_ranks_stream_save_and_export_what_one_process_does(model_dir, tmp_p
     for name, tensor in adapter(engine).items():
         torch.testing.assert_close(adapter(resumed)[name], tensor, atol=1e-6, rtol=0)
         torch.testing.assert_close(peft_file[to_peft_name(name)], tensor, atol=1e-6, rtol=0)
+
+
+def test_the_frozen_base_is_stored_in_the_compute_dtype_and_the_adapters_train_in_fp32(model_dir):
+    """With bf16 compute over fp32 masters, the base never takes a step: it is kept in bf16 (a 7B base in 15 GB,
+    not 30), the adapters in fp32, and a bf16 update moves the adapters alone."""
+    engine = lora_engine(model_dir, param_dtype="bfloat16")
+    dtypes = {name: local(parameter).dtype for name, parameter in engine.module().named_parameters()}
+    assert {dtype for name, dtype in dtypes.items() if is_adapter_name(name)} == {torch.float32}
+    assert {dtype for name, dtype in dtypes.items() if not is_adapter_name(name)} == {torch.bfloat16}
+    base = {name: local(parameter).clone() for name, parameter in engine.module().named_parameters()
+            if not is_adapter_name(name)}
+    before = adapter(engine)
+    metrics = engine.train_mini_batch(make_batch(samples=4), mean_log_prob_loss, MicroBatchSpec(size=2))
+    assert float(metrics["grad_norm"]) > 0
+    assert any(not torch.equal(before[name], tensor) for name, tensor in adapter(engine).items())
+    for name, parameter in engine.module().named_parameters():
+        if not is_adapter_name(name):
+            assert torch.equal(local(parameter), base[name]), name

@@ -36,7 +36,8 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
     `keep_layers`, only its first decoder layers; `overrides` replace fields of its config;
     `shard_layers`: a FSDP2 unit per decoder layer, or (False) the root alone where the model is small
     enough for it (`parallelize.root_unit_fits`); with `lora`, PEFT's LoRA layers added before sharding (rank 0's
-    adapters, initialised from the current seed or read from `lora.adapter_path`, are broadcast with the weights)."""
+    adapters, initialised from the current seed or read from `lora.adapter_path`, are broadcast with the weights)
+    and the frozen base stored in `param_dtype`, the dtype it computes in."""
     config = load_model_config(model_path, value_head=value_head, keep_layers=keep_layers, overrides=overrides,
                                trust_remote_code=trust_remote_code)
     pretrained = None
@@ -45,13 +46,13 @@ def build_sharded_model(model_path: str, mesh: DeviceMesh, device: torch.device,
                                 attn_implementation=attn_implementation, keep_layers=keep_layers, overrides=overrides,
                                 trust_remote_code=trust_remote_code)
         if lora is not None:
-            add_lora(pretrained, lora)
+            add_lora(pretrained, lora, base_dtype=resolve_dtype(param_dtype))
             if lora.adapter_path:
                 load_adapter_weights(pretrained, lora)
     model = build_model_on_meta(config, value_head=value_head, dtype=model_dtype,
                                 attn_implementation=attn_implementation, trust_remote_code=trust_remote_code)
     if lora is not None:
-        add_lora(model, lora)
+        add_lora(model, lora, base_dtype=resolve_dtype(param_dtype))
     shard_layers = shard_layers or not root_unit_fits(model, device)
     parallelize_model(model, mesh, gradient_checkpointing=gradient_checkpointing,
                       param_dtype=resolve_dtype(param_dtype), reduce_dtype=resolve_dtype(reduce_dtype),
