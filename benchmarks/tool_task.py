@@ -4,10 +4,11 @@ calculator (`ember/agent/tools/calculator.py`), on ember's engine and agent loop
     python benchmarks/tool_task.py --gguf /models/SmolLM2-135M-Instruct-Q4_1.gguf --prompts 256
     python benchmarks/tool_task.py --tiny --device cpu --prompts 4 --response-length 48    # CPU smoke, no numbers
 
-Rows, all on the same prompts (greedy decoding, so a row's accuracy is a property of the model):
+Rows, all on the same prompts (greedy decoding, so a row's accuracy is a property of the model), each prompt
+preceded by one worked exchange (123 * 456, computed by hand or through the calculator):
 - `single-turn`: the model answers without tools (the system prompt asks it to compute by itself);
 - `calculator, N ms`: the system prompt describes the calculator and how to call it (Hermes `<tool_call>`
-  JSON), the agent loop runs its calls (after N ms of added latency per call, a tool that sleeps in its
+  JSON) and the worked exchange shows a call and its tool turn; the agent loop runs its calls (after N ms of added latency per call, a tool that sleeps in its
   thread, as a remote tool would) and appends the answers as tool turns;
 - `single-turn, same length`: the engine generating as many tokens per sample as the calculator rows' model
   turns had on average (EOS ignored): the throughput the tool turns are measured against.
@@ -47,6 +48,17 @@ WITH_TOOL = ("You can use a calculator. To use it, write exactly "
              '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 34"}}</tool_call> '
              "and wait for its answer. Give the final answer after ####.")
 WITHOUT_TOOL = "Compute the answer yourself, step by step. Give the final answer after ####."
+# One worked exchange before the question (a small instruct model copies a format it has seen far more often
+# than it follows a described one: SmolLM2-135M made no tool call from WITH_TOOL alone, 2026-11-27).
+EXAMPLE_WITH_TOOL = [
+    {"role": "user", "content": "What is 123 * 456?"},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "123 * 456"}}'
+                                     "\n</tool_call>"},
+    {"role": "tool", "content": "56088"},
+    {"role": "assistant", "content": "123 * 456 = 56088\n#### 56088"}]
+EXAMPLE_WITHOUT_TOOL = [
+    {"role": "user", "content": "What is 123 * 456?"},
+    {"role": "assistant", "content": "123 * 456 = 123 * 400 + 123 * 56 = 49200 + 6888 = 56088\n#### 56088"}]
 
 
 class SlowCalculator(CalculatorTool):
@@ -72,8 +84,8 @@ def multiplication_problems(count: int, seed: int) -> list[tuple[int, int]]:
     return [(rng.randint(100, 999), rng.randint(100, 999)) for _ in range(count)]
 
 
-def prompt_ids(tokenizer, system: str, a: int, b: int) -> list[int]:
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": f"What is {a} * {b}?"}]
+def prompt_ids(tokenizer, system: str, example: list[dict], a: int, b: int) -> list[int]:
+    messages = [{"role": "system", "content": system}, *example, {"role": "user", "content": f"What is {a} * {b}?"}]
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
@@ -83,7 +95,7 @@ def is_correct(tokenizer, model_tokens: list[int], a: int, b: int) -> bool:
 
 
 def run_single_turn(engine, tokenizer, problems, sampling) -> Row:
-    prompts = [prompt_ids(tokenizer, WITHOUT_TOOL, a, b) for a, b in problems]
+    prompts = [prompt_ids(tokenizer, WITHOUT_TOOL, EXAMPLE_WITHOUT_TOOL, a, b) for a, b in problems]
     start = time.perf_counter()
     outputs = engine.generate(prompts, sampling)
     seconds = time.perf_counter() - start
@@ -96,7 +108,7 @@ def run_single_turn(engine, tokenizer, problems, sampling) -> Row:
 def run_with_calculator(engine, tokenizer, problems, sampling, latency_ms: float) -> Row:
     tool = SlowCalculator({"latency_s": latency_ms / 1000}, CALCULATOR_SCHEMA)
     loop = AgentLoop(engine, tokenizer, {"calculator": tool}, AgentOptions(max_assistant_turns=4))
-    prompts = [prompt_ids(tokenizer, WITH_TOOL, a, b) for a, b in problems]
+    prompts = [prompt_ids(tokenizer, WITH_TOOL, EXAMPLE_WITH_TOOL, a, b) for a, b in problems]
     start = time.perf_counter()
     outputs = loop.generate(prompts, sampling)
     seconds = time.perf_counter() - start
@@ -111,7 +123,7 @@ def run_with_calculator(engine, tokenizer, problems, sampling, latency_ms: float
 
 
 def run_same_length(engine, tokenizer, problems, sampling, length: int) -> Row:
-    prompts = [prompt_ids(tokenizer, WITH_TOOL, a, b) for a, b in problems]
+    prompts = [prompt_ids(tokenizer, WITH_TOOL, EXAMPLE_WITH_TOOL, a, b) for a, b in problems]
     fixed = SamplingParams(do_sample=False, max_new_tokens=max(1, length), ignore_eos=True, seed=sampling.seed)
     start = time.perf_counter()
     outputs = engine.generate(prompts, fixed)

@@ -14,8 +14,10 @@ the trainer, which runs its forward over these same tokens, scores exactly what 
 
 A sample ends (as verl's tool agent loop ends it) when a model turn has no tool call, stops without a stop
 token (the budget), reaches `max_assistant_turns`, or has had `max_user_turns` tool turns, or when the next
-tool turn would not fit in the response length (that turn is then dropped). Each model turn reprocesses its
-context in prefill (the engine does not keep a finished request's KV cache for its next turn).
+tool turn would not fit in the response length (that turn is then dropped). A finished turn keeps its KV
+blocks in the engine (`hold_kv`) while its tools run: the next turn is prefilled from where it ended, the
+tool's tokens only (`LLMEngine.continue_turn`), unless the engine needed the room meanwhile (then its whole
+context); a sample's blocks go back when it ends.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ class AgentOptions:
     max_tool_response_length: int = 256
     tool_response_truncate_side: str = "middle"
     tool_timeout: float = 30.0
+    reuse_kv: bool = True
+    """Continue each turn over the keys and values of the turns before it (False: prefill its whole context)."""
 
 
 @dataclass
@@ -95,7 +99,8 @@ class AgentLoop:
                                                 + sample),
                              session=ToolSession(self.tools, tools_kwargs, self.options.tool_timeout))
                      for sample in range(sampling.n)]
-            self.engine.submit(prompt, [sample.seed for sample in group], sampling.max_new_tokens, group[0].index)
+            self.engine.submit(prompt, [sample.seed for sample in group], sampling.max_new_tokens, group[0].index,
+                               hold_kv=self.options.reuse_kv)
             samples += group
         budget = sampling.max_new_tokens
         while self.engine.has_unfinished() or any(sample.calls or sample.closing for sample in samples):
@@ -110,6 +115,7 @@ class AgentLoop:
                     self._tool_turn_ended(sample, budget)
                 if sample.closing is not None and (now >= sample.deadline or sample.closing.done()):
                     self._closed(sample)
+        self.engine.release_kv()  # every turn has ended: nothing is continued any more
         return [RolloutOutput(prompt_index=sample.prompt_index, token_ids=sample.token_ids, log_probs=sample.log_probs,
                               finish_reason=sample.finish_reason, response_mask=sample.response_mask,
                               agent=sample.stats) for sample in samples]
@@ -146,11 +152,15 @@ class AgentLoop:
         if len(sample.token_ids) + len(turn) >= budget:  # no room for the turn and a reply: dropped, as verl does
             return self._end(sample, "length")
         sample.append(turn, [0.0] * len(turn), from_model=False)
-        self.engine.submit(sample.prompt_ids + sample.token_ids, [sample.seed], budget - len(sample.token_ids),
-                           sample.index)
+        context, new_tokens = sample.prompt_ids + sample.token_ids, budget - len(sample.token_ids)
+        if self.options.reuse_kv:
+            self.engine.continue_turn(sample.index, context, sample.seed, new_tokens)
+        else:
+            self.engine.submit(context, [sample.seed], new_tokens, sample.index)
 
     def _end(self, sample: _Sample, reason: str) -> None:
         sample.finish_reason = reason
+        self.engine.release_kv(sample.index)
         if sample.session.instances:
             sample.closing, sample.deadline = sample.session.start_closing()
 

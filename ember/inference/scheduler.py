@@ -12,6 +12,12 @@ The n samples of one prompt wait as one group and are prefilled once (see
 the most recently started sequence is preempted: its blocks are freed and it waits at the
 front of the queue, to be prefilled again from its prompt and the tokens it has so far
 (recompute), keeping its log-probs.
+
+A sequence submitted with `hold_kv` keeps its blocks when it finishes (`held`): an agent's turn
+that a tool's answer continues (`continue_held`) is then prefilled from where the turn ended,
+over the keys and values already in its blocks, instead of from its first token. Held blocks
+are given back when the agent releases them, and whenever the waiting prompts need the room
+(oldest first): that turn is then prefilled whole, as if nothing had been held.
 """
 
 from __future__ import annotations
@@ -75,11 +81,40 @@ class Scheduler:
         self.partial: PrefillChunk | None = None
         """The group part-way through a chunked prefill (holding its blocks), and the chunk computed last."""
         self._partial_copies: list[tuple[int, int]] = []
+        self.held: dict[int, Sequence] = {}
+        """Finished `hold_kv` sequences by sequence id, oldest first, still holding their blocks."""
 
     def add_group(self, group: list[Sequence]) -> None:
         """Queue the samples of one prompt; more than `max_num_seqs` samples are queued as several groups."""
         for start in range(0, len(group), self.config.max_num_seqs):
             self.waiting.append(group[start : start + self.config.max_num_seqs])
+
+    def continue_held(self, sequence: Sequence) -> None:
+        """Queue `sequence`, the next turn of the held sequence of the same id (its tokens extended), to be
+        prefilled over the held blocks from the held turn's last token on; from its first token where nothing
+        is held for it or its tokens do not extend the held ones."""
+        held = self.held.pop(sequence.sequence_id, None)
+        if held is not None and sequence.token_ids[: len(held)] == held.token_ids:
+            sequence.block_table, held.block_table = held.block_table, []
+            sequence.cached_tokens = len(held) - 1  # the last sampled token has no keys and values yet
+        elif held is not None:
+            self.block_manager.free(held)
+        self.waiting.append([sequence])
+
+    def release_held(self, sequence_id: int | None = None) -> None:
+        """Give back the blocks held for one sequence id (every held sequence's with None)."""
+        for key in [sequence_id] if sequence_id is not None else list(self.held):
+            held = self.held.pop(key, None)
+            if held is not None:
+                self.block_manager.free(held)
+
+    def _make_room(self, blocks: int) -> bool:
+        """Release held sequences, oldest first, until `blocks` blocks are free; whether any was released."""
+        released = False
+        while self.held and self.block_manager.num_free_blocks < blocks:
+            self.release_held(next(iter(self.held)))
+            released = True
+        return released
 
     def is_finished(self) -> bool:
         """Whether no sequence waits, is being prefilled or runs."""
@@ -90,6 +125,8 @@ class Scheduler:
         step = self._schedule_prefill()
         if step.chunks:
             return step
+        if not self.running and self.waiting and self._make_room(self.block_manager.num_blocks):
+            return self.schedule(lookahead)  # the held turns' blocks went back: the waiting prompt fits now
         if not self.running:
             group = self.waiting[0]
             raise RuntimeError(
@@ -110,16 +147,25 @@ class Scheduler:
         num_sequences = len(self.running) + (len(self.partial.group) if self.partial else 0)
         while self.waiting and budget > 0 and self.partial is None:
             group = self.waiting[0]
+            leader = group[0]
+            start = leader.cached_tokens  # > 0: a continued turn, its earlier context in its blocks already
+            blocks = (self.block_manager.blocks_missing(leader) if start
+                      else self.block_manager.blocks_for_group(len(leader), len(group)))
             fits = (
                 num_sequences + len(group) <= self.config.max_num_seqs
-                and (len(group[0]) <= budget or self.config.enable_chunked_prefill)
-                and self.block_manager.can_allocate_group(group)
+                and (len(leader) - start <= budget or self.config.enable_chunked_prefill)
             )
-            if not fits:
+            if not fits or (blocks > self.block_manager.num_free_blocks and not self._make_room(blocks)):
+                break
+            if blocks > self.block_manager.num_free_blocks:
                 break
             self.waiting.popleft()
-            copies = self.block_manager.allocate_group(group)
-            budget -= self._add_chunk(step, group, 0, min(len(group[0]), budget), copies)
+            if start:
+                self.block_manager.append_slot(leader)
+                copies = []
+            else:
+                copies = self.block_manager.allocate_group(group)
+            budget -= self._add_chunk(step, group, start, min(len(leader) - start, budget), copies)
             num_sequences += len(group)
         return step
 
@@ -147,6 +193,8 @@ class Scheduler:
             sequence = candidates.popleft()
             needed = slots_for_window(sequence, lookahead)
             while not self.block_manager.can_append(sequence, needed):
+                if self._make_room(self.block_manager.blocks_missing(sequence, needed)):
+                    continue  # held turns gave their blocks back before a running sequence is preempted
                 victim = candidates.pop() if candidates else sequence
                 self._preempt(victim)
                 if victim is sequence:
@@ -164,6 +212,7 @@ class Scheduler:
     def _preempt(self, sequence: Sequence) -> None:
         """Free a running sequence's blocks and queue it first, to be prefilled again with its tokens so far."""
         self.block_manager.free(sequence)
+        sequence.cached_tokens = 0
         self.running.remove(sequence)
         sequence.status = SequenceStatus.WAITING
         self.waiting.appendleft([sequence])
@@ -172,8 +221,12 @@ class Scheduler:
         """Retire a running sequence: free its slot and blocks for the next prompt."""
         sequence.status = SequenceStatus.FINISHED
         sequence.finish_reason = reason
-        self.block_manager.free(sequence)
         self.running.remove(sequence)
+        if sequence.hold_kv:
+            self.release_held(sequence.sequence_id)  # an older turn of this id still held: superseded
+            self.held[sequence.sequence_id] = sequence
+        else:
+            self.block_manager.free(sequence)
 
 
 def slots_for_window(sequence: Sequence, steps: int) -> int:

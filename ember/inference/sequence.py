@@ -41,6 +41,11 @@ class Sequence:
     injection: Injection | None = None
     """NLA: the vector written over one prompt token's embedding whenever the prompt is prefilled
     (again after a preemption); the n samples of a prompt carry the same one."""
+    cached_tokens: int = 0
+    """Tokens at the start of `token_ids` whose keys and values `block_table` holds already: a continued turn's
+    earlier context (`Scheduler.continue_held`); its prefill computes the rest. 0 for a new prompt."""
+    hold_kv: bool = False
+    """Keep the blocks when this sequence finishes (an agent's turn that a tool's answer may continue)."""
     status: SequenceStatus = SequenceStatus.WAITING
     finish_reason: str | None = None
     """"stop" or "length" once finished."""

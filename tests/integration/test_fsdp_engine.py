@@ -336,7 +336,7 @@ def test_full_determinism_turns_on_the_deterministic_kernels_of_the_process(mode
         assert not torch.are_deterministic_algorithms_enabled()  # off unless asked
         FSDPEngine(engine_options(model_dir, full_determinism=True))
         assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
-        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     finally:
         torch.use_deterministic_algorithms(False)
         torch.backends.cudnn.deterministic = False

@@ -63,3 +63,35 @@ def test_offloading_roles_are_on_the_device_only_in_their_phases(inputs, tmp_pat
         assert not any(state[id(engine)] for engine in engines)  # and idle again after every phase
     finally:
         close(trainer)
+
+
+def test_the_rollout_engine_is_built_after_the_offloading_engines_left_the_device(inputs, tmp_path, residency,
+                                                                                  monkeypatch):
+    """The engine sizes its KV cache by the memory free when it is built: with the actor's and reference's
+    weights still on the device then, a 7B actor with offload on one GPU found no room for a cache."""
+    from ember.trainer import rank_setup
+
+    state, _ = residency
+    built, build_rollout = FSDPEngine.__init__, rank_setup.build_policy_rollout
+    at_rollout_build: list[dict[int, bool]] = []
+
+    def tracked_init(self, *args, **kwargs):
+        built(self, *args, **kwargs)
+        state[id(self)] = True  # an engine is built on the device
+
+    def tracked_build_rollout(*args, **kwargs):
+        at_rollout_build.append(dict(state))
+        return build_rollout(*args, **kwargs)
+
+    monkeypatch.setattr(FSDPEngine, "__init__", tracked_init)
+    monkeypatch.setattr(rank_setup, "build_policy_rollout", tracked_build_rollout)
+    offload = ["fsdp_config.param_offload=True", "fsdp_config.optimizer_offload=True"]
+    trainer = build_trainer(run_overrides(
+        inputs, tmp_path / "run", f"{A}.rollout.name=ember", f"{A}.actor.use_kl_loss=True",
+        "trainer.total_training_steps=1", *[f"{A}.actor.{key}" for key in offload],
+        *[f"{A}.ref.{key}" for key in offload]))
+    try:
+        assert len(at_rollout_build) == 1 and len(at_rollout_build[0]) == 2  # actor and reference, built before it
+        assert not any(at_rollout_build[0].values())
+    finally:
+        close(trainer)

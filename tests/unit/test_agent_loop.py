@@ -35,8 +35,19 @@ class ScriptedEngine:
         self.turns = Counter()
         self.submissions: list[tuple[int, list[int], int]] = []  # (sample, context, max_new_tokens)
         self.steps: list[tuple[int, int, float]] = []  # (sample, turn, time)
+        self.holds: list[bool] = []  # each submit's hold_kv
+        self.continued: list[int] = []  # samples whose next turn came through continue_turn
+        self.released: list[int | None] = []  # release_kv's arguments, in order
 
-    def submit(self, token_ids, seeds, max_new_tokens, first_sequence_id=0, injection=None):
+    def continue_turn(self, sequence_id, token_ids, seed, max_new_tokens):
+        self.continued.append(sequence_id)
+        self.submit(token_ids, [seed], max_new_tokens, sequence_id)
+
+    def release_kv(self, sequence_id=None):
+        self.released.append(sequence_id)
+
+    def submit(self, token_ids, seeds, max_new_tokens, first_sequence_id=0, injection=None, hold_kv=False):
+        self.holds.append(hold_kv)
         for offset, seed in enumerate(seeds):
             sequence = Sequence(sequence_id=first_sequence_id + offset, prompt_length=len(token_ids),
                                 token_ids=list(token_ids), seed=seed, max_new_tokens=max_new_tokens)
@@ -126,6 +137,8 @@ def test_a_tool_turn_is_appended_as_tokens_and_masked_out(tokenizer):
     assert context_1 == prompt and budget_1 == 400
     assert context_2 == prompt + first + tool_turn and budget_2 == 400 - len(first) - len(tool_turn)
     assert tokenizer.encode(tokenizer.decode(context_2), add_special_tokens=False) != context_2
+    # the first turn held its KV blocks, the second continued over them; the sample's blocks went back at its end
+    assert engine.holds[0] and engine.continued == [0] and engine.released == [0, None]
     stats = output.agent
     assert (stats.assistant_turns, stats.tool_turns, stats.tool_calls, stats.tool_errors) == (2, 1, 1, 0)
     assert stats.tool_rewards == {"calc_gsm8k_reward": 1.0} and output.finish_reason == "stop"
