@@ -31,32 +31,21 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
 from ember.agent import AgentLoop, AgentOptions
+from ember.agent.tools.calculator import SCHEMA as CALCULATOR
 from ember.agent.tools.calculator import CalculatorTool
+from ember.data.preprocess.synthetic import calculator_prompt
 from ember.inference.config import EngineConfig
 from ember.inference.engine import LLMEngine
 from ember.inference.request import SamplingParams
+from ember.models.gguf import save_gguf_as_hf
 from ember.models.tiny import build_tiny_model, train_tiny_tokenizer
 from ember.rewards.gsm8k import compute_score
 
-CALCULATOR_SCHEMA = {"type": "function", "function": {
-    "name": "calculator", "description": "Evaluates an arithmetic expression and returns its value.",
-    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
-WITH_TOOL = ("You can use a calculator. To use it, write exactly "
-             '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 34"}}</tool_call> '
-             "and wait for its answer. Give the final answer after ####.")
 WITHOUT_TOOL = "Compute the answer yourself, step by step. Give the final answer after ####."
-# One worked exchange before the question (a small instruct model copies a format it has seen far more often
-# than it follows a described one: SmolLM2-135M made no tool call from WITH_TOOL alone, 2026-11-27).
-EXAMPLE_WITH_TOOL = [
-    {"role": "user", "content": "What is 123 * 456?"},
-    {"role": "assistant", "content": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "123 * 456"}}'
-                                     "\n</tool_call>"},
-    {"role": "tool", "content": "56088"},
-    {"role": "assistant", "content": "123 * 456 = 56088\n#### 56088"}]
-EXAMPLE_WITHOUT_TOOL = [
+EXAMPLE_WITHOUT_TOOL = [  # the calculator prompt's worked exchange, computed by hand
     {"role": "user", "content": "What is 123 * 456?"},
     {"role": "assistant", "content": "123 * 456 = 123 * 400 + 123 * 56 = 49200 + 6888 = 56088\n#### 56088"}]
 
@@ -84,8 +73,7 @@ def multiplication_problems(count: int, seed: int) -> list[tuple[int, int]]:
     return [(rng.randint(100, 999), rng.randint(100, 999)) for _ in range(count)]
 
 
-def prompt_ids(tokenizer, system: str, example: list[dict], a: int, b: int) -> list[int]:
-    messages = [{"role": "system", "content": system}, *example, {"role": "user", "content": f"What is {a} * {b}?"}]
+def prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
 
 
@@ -95,7 +83,8 @@ def is_correct(tokenizer, model_tokens: list[int], a: int, b: int) -> bool:
 
 
 def run_single_turn(engine, tokenizer, problems, sampling) -> Row:
-    prompts = [prompt_ids(tokenizer, WITHOUT_TOOL, EXAMPLE_WITHOUT_TOOL, a, b) for a, b in problems]
+    prompts = [prompt_ids(tokenizer, [{"role": "system", "content": WITHOUT_TOOL}, *EXAMPLE_WITHOUT_TOOL,
+                                      {"role": "user", "content": f"What is {a} * {b}?"}]) for a, b in problems]
     start = time.perf_counter()
     outputs = engine.generate(prompts, sampling)
     seconds = time.perf_counter() - start
@@ -106,9 +95,9 @@ def run_single_turn(engine, tokenizer, problems, sampling) -> Row:
 
 
 def run_with_calculator(engine, tokenizer, problems, sampling, latency_ms: float) -> Row:
-    tool = SlowCalculator({"latency_s": latency_ms / 1000}, CALCULATOR_SCHEMA)
+    tool = SlowCalculator({"latency_s": latency_ms / 1000}, CALCULATOR)
     loop = AgentLoop(engine, tokenizer, {"calculator": tool}, AgentOptions(max_assistant_turns=4))
-    prompts = [prompt_ids(tokenizer, WITH_TOOL, EXAMPLE_WITH_TOOL, a, b) for a, b in problems]
+    prompts = [prompt_ids(tokenizer, calculator_prompt(f"What is {a} * {b}?")) for a, b in problems]
     start = time.perf_counter()
     outputs = loop.generate(prompts, sampling)
     seconds = time.perf_counter() - start
@@ -123,7 +112,7 @@ def run_with_calculator(engine, tokenizer, problems, sampling, latency_ms: float
 
 
 def run_same_length(engine, tokenizer, problems, sampling, length: int) -> Row:
-    prompts = [prompt_ids(tokenizer, WITH_TOOL, EXAMPLE_WITH_TOOL, a, b) for a, b in problems]
+    prompts = [prompt_ids(tokenizer, calculator_prompt(f"What is {a} * {b}?")) for a, b in problems]
     fixed = SamplingParams(do_sample=False, max_new_tokens=max(1, length), ignore_eos=True, seed=sampling.seed)
     start = time.perf_counter()
     outputs = engine.generate(prompts, fixed)
@@ -140,15 +129,7 @@ def model_dir(args, workdir: str) -> str:
         directory = os.path.join(workdir, "tiny")
         build_tiny_model("qwen2", train_tiny_tokenizer(), out_dir=directory, seed=0)
         return directory
-    folder, name = os.path.split(os.path.abspath(args.gguf))
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    directory = os.path.join(workdir, "model")
-    model.save_pretrained(directory)
-    AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(directory)
-    return directory
+    return save_gguf_as_hf(args.gguf, os.path.join(workdir, "model"))
 
 
 def main() -> None:

@@ -81,8 +81,9 @@ class Scheduler:
         self.partial: PrefillChunk | None = None
         """The group part-way through a chunked prefill (holding its blocks), and the chunk computed last."""
         self._partial_copies: list[tuple[int, int]] = []
-        self.held: dict[int, Sequence] = {}
-        """Finished `hold_kv` sequences by sequence id, oldest first, still holding their blocks."""
+        self.held: dict[int, tuple[Sequence, list[int]]] = {}
+        """Finished `hold_kv` sequences by sequence id, oldest first, still holding their blocks, each with a copy
+        of the tokens whose keys and values those blocks hold (what a continuation must extend)."""
 
     def add_group(self, group: list[Sequence]) -> None:
         """Queue the samples of one prompt; more than `max_num_seqs` samples are queued as several groups."""
@@ -93,10 +94,10 @@ class Scheduler:
         """Queue `sequence`, the next turn of the held sequence of the same id (its tokens extended), to be
         prefilled over the held blocks from the held turn's last token on; from its first token where nothing
         is held for it or its tokens do not extend the held ones."""
-        held = self.held.pop(sequence.sequence_id, None)
-        if held is not None and sequence.token_ids[: len(held)] == held.token_ids:
+        held, cached = self.held.pop(sequence.sequence_id, (None, []))
+        if held is not None and sequence.token_ids[: len(cached)] == cached:
             sequence.block_table, held.block_table = held.block_table, []
-            sequence.cached_tokens = len(held) - 1  # the last sampled token has no keys and values yet
+            sequence.cached_tokens = len(cached) - 1  # the last sampled token has no keys and values yet
         elif held is not None:
             self.block_manager.free(held)
         self.waiting.append([sequence])
@@ -104,7 +105,7 @@ class Scheduler:
     def release_held(self, sequence_id: int | None = None) -> None:
         """Give back the blocks held for one sequence id (every held sequence's with None)."""
         for key in [sequence_id] if sequence_id is not None else list(self.held):
-            held = self.held.pop(key, None)
+            held, _ = self.held.pop(key, (None, None))
             if held is not None:
                 self.block_manager.free(held)
 
@@ -224,7 +225,7 @@ class Scheduler:
         self.running.remove(sequence)
         if sequence.hold_kv:
             self.release_held(sequence.sequence_id)  # an older turn of this id still held: superseded
-            self.held[sequence.sequence_id] = sequence
+            self.held[sequence.sequence_id] = sequence, list(sequence.token_ids)
         else:
             self.block_manager.free(sequence)
 

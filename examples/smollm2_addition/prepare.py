@@ -10,28 +10,14 @@ from __future__ import annotations
 import os
 import sys
 
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-
 from ember.data.parquet import write_parquet
 from ember.data.preprocess.synthetic import make_arithmetic_splits
-
-
-def convert_gguf(gguf_file: str, out_dir: str) -> None:
-    """Dequantise once and save as safetensors, so later loads skip the GGUF reader."""
-    folder, name = os.path.split(os.path.abspath(gguf_file))
-    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
+from ember.models.gguf import save_gguf_as_hf
 
 
 def main() -> None:
     gguf_file, out_dir = sys.argv[1], sys.argv[2]
-    convert_gguf(gguf_file, os.path.join(out_dir, "model"))
+    save_gguf_as_hf(gguf_file, os.path.join(out_dir, "model"))
     splits = make_arithmetic_splits("add2", train_size=4000, test_size=256, seed=0, digits=2)
     write_parquet(splits["train"], os.path.join(out_dir, "train.parquet"))
     write_parquet(splits["test"], os.path.join(out_dir, "test.parquet"))

@@ -77,3 +77,21 @@ def test_sleep_gives_held_blocks_back():
     engine.free_kv_cache()
     engine.allocate_kv_cache()
     assert not engine.scheduler.held and engine.block_manager.num_free_blocks == 40
+
+
+def test_a_context_that_does_not_extend_the_held_tokens_is_prefilled_whole():
+    """The held blocks are reused only under exactly the tokens they were computed for, even where the finished
+    sequence's token list was changed afterwards (a scripted turn in tests)."""
+    model = tiny_model("qwen2")
+    engine = engine_for(model, num_kv_blocks=40)
+    engine.submit(PROMPT, [SEED], SAMPLING.max_new_tokens, hold_kv=True)
+    (first,) = run(engine)
+    first.token_ids[len(PROMPT):] = [60, 61, 62]  # another first turn than the one sampled
+    context = PROMPT + [60, 61, 62] + TOOL_TURN
+    computed = engine.prefill_tokens_computed
+    engine.continue_turn(first.sequence_id, context, SEED, SAMPLING.max_new_tokens)
+    (continued,) = run(engine)
+    assert engine.prefill_tokens_computed - computed == len(context)
+    assert continued.generated_token_ids == whole_context_turn(model, context, num_kv_blocks=40).generated_token_ids
+    engine.release_kv()
+    assert engine.block_manager.num_free_blocks == 40

@@ -19,6 +19,12 @@ _BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
 
+SCHEMA = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluates an arithmetic expression and returns its value.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}
+"""The calculator's tool schema (OpenAI function format), as a tool config's `tool_schema` gives it."""
+
+
 class CalculatorTool(BaseTool):
     """Evaluates arithmetic expressions; see the module docstring."""
 

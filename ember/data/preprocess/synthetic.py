@@ -4,6 +4,7 @@ Tasks (data source `ember/arithmetic/<task>`), each with `digits` digits per ope
 - `add2`: "What is 59 + 63?"
 - `add3`: "What is 12 + 34 + 56?"
 - `mul2x1`: "What is 47 * 6?" (the second factor always one digit, 2 to 9)
+- `mul`: "What is 482 * 317?" (both factors of `digits` digits: with 3, a product a calculator makes reachable)
 - `word`: "Tom has 12 apples. Tom buys 7 more and gives 5 away. How many apples does Tom have now?"
 Problems are unique by their arithmetic, so a train and a test set drawn together
 (`make_arithmetic_splits`) never share a problem. Generation is a pure function of
@@ -20,7 +21,7 @@ from typing import Any
 
 from ember.data.parquet import DatasetError, write_parquet_files
 
-ARITHMETIC_TASKS = ("add2", "add3", "mul2x1", "word")
+ARITHMETIC_TASKS = ("add2", "add3", "mul2x1", "mul", "word")
 ARITHMETIC_INSTRUCTION = "Give the final answer after ####."
 _NAMES = ("Tom", "Anna", "Sam", "Lena", "Omar", "Mia")
 
@@ -53,6 +54,9 @@ def draw_problem(task: str, rng: random.Random, digits: int) -> ArithmeticProble
         return ArithmeticProblem(f"What is {a} + {b} + {c}?", f"{a} + {b} + {c}", a + b + c)
     if task == "mul2x1":
         a, b = _operand(rng, digits), rng.randint(2, 9)
+        return ArithmeticProblem(f"What is {a} * {b}?", f"{a} * {b}", a * b)
+    if task == "mul":
+        a, b = _operand(rng, digits), _operand(rng, digits)
         return ArithmeticProblem(f"What is {a} * {b}?", f"{a} * {b}", a * b)
     if task == "word":
         name, a, b = rng.choice(_NAMES), _operand(rng, digits), _operand(rng, digits)
@@ -99,6 +103,30 @@ def arithmetic_rl_row(task: str, problem: ArithmeticProblem, split: str, index: 
             "answer": problem.worked_answer,
         },
     }
+
+
+CALCULATOR_SYSTEM = ("You can use a calculator. To use it, write exactly "
+                     '<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 34"}}</tool_call> '
+                     "and wait for its answer. Give the final answer after ####.")
+CALCULATOR_EXAMPLE = [
+    {"role": "user", "content": "What is 123 * 456?"},
+    {"role": "assistant", "content": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "123 * 456"}}'
+                                     "\n</tool_call>"},
+    {"role": "tool", "content": "56088"},
+    {"role": "assistant", "content": "123 * 456 = 56088\n#### 56088"}]
+"""One worked exchange before the question: a small instruct model copies a format it has seen far more often
+than it follows a described one (SmolLM2-135M made no tool call from the system prompt alone, 2026-11-27)."""
+
+
+def calculator_prompt(question: str) -> list[dict[str, str]]:
+    """The chat messages asking `question` of a model with the calculator (`agent/tools/calculator.py`) at
+    hand: how to call it, one worked exchange through it, then the question."""
+    return [{"role": "system", "content": CALCULATOR_SYSTEM}, *CALCULATOR_EXAMPLE, {"role": "user", "content": question}]
+
+
+def with_calculator(row: dict[str, Any]) -> dict[str, Any]:
+    """An arithmetic RL row asked with the calculator at hand (`calculator_prompt`); the rest unchanged."""
+    return {**row, "prompt": calculator_prompt(row["extra_info"]["question"])}
 
 
 def make_arithmetic_rows(task: str, n: int, seed: int, digits: int = 2, split: str = "train") -> list[dict[str, Any]]:
