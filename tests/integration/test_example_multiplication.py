@@ -10,7 +10,6 @@ import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
-import pytest
 from transformers import AutoTokenizer
 
 from ember.cli import main as ember_main
