@@ -55,14 +55,19 @@ def start_ray(ray_init: RayInitConfig, placement: Placement, wants_gpus: bool) -
 
 
 def visible_gpus(asked: int | None) -> int | None:
-    """The GPUs a Ray started here holds: those asked for, else the ones this process sees. Ray counts a
-    host's GPUs itself and refuses to start when CUDA_VISIBLE_DEVICES names fewer (a run given some of a
-    host's GPUs: "Attempting to start raylet with 8 GPU, but CUDA_VISIBLE_DEVICES contains ...")."""
-    if asked is not None or not os.environ.get("CUDA_VISIBLE_DEVICES"):
-        return asked
+    """The GPUs a Ray started here holds: `ray_init.num_gpus`, at most the GPUs this process sees, else (null)
+    those it sees. Ray counts a host's GPUs itself and refuses to start when CUDA_VISIBLE_DEVICES names fewer
+    ("Attempting to start raylet with 8 GPU, but CUDA_VISIBLE_DEVICES contains ..."), and without that variable
+    takes a larger num_gpus at its word (the NLA fork's files ask for 8 whatever the machine has)."""
     import torch
 
-    return torch.cuda.device_count()
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if asked is None:
+        return seen if os.environ.get("CUDA_VISIBLE_DEVICES") else None
+    if seen and asked > seen:
+        logger.warning("ray_init.num_gpus=%d but this machine has %d GPU(s) visible: Ray gets %d", asked, seen, seen)
+        return seen
+    return asked
 
 
 QUIET_RAY_ENVIRONMENT = {"RAY_enable_metrics_collection": "0", "RAY_task_events_report_interval_ms": "0"}

@@ -6,6 +6,7 @@ import sys
 import types
 
 import pytest
+import torch
 
 from ember.config import ConfigError, load_config
 from ember.config.placement import plan_placement
@@ -53,3 +54,23 @@ def test_more_nodes_than_the_cluster_has_machines_is_refused(monkeypatch):
         start_ray(cfg.ray_init, plan_placement(cfg), wants_gpus=False)
     ray.nodes = lambda: [{"Alive": True}, {"Alive": True}]
     start_ray(cfg.ray_init, plan_placement(cfg), wants_gpus=False)
+
+
+@pytest.mark.parametrize(("asked", "visible_env", "seen", "expected"), [
+    (None, None, 4, None),  # Ray counts the machine's GPUs itself
+    (None, "0,1", 2, 2),  # some of a host's GPUs: Ray would refuse to count the host's
+    (8, None, 4, 4),  # the NLA fork's 8 on a 4-GPU machine
+    (2, None, 4, 2),
+    (0, None, 0, 0),  # a CPU run
+])
+def test_ray_holds_at_most_the_gpus_this_process_sees(monkeypatch, caplog, asked, visible_env, seen, expected):
+    from ember.distributed import ray_cluster
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: seen > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: seen)
+    if visible_env is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible_env)
+    assert ray_cluster.visible_gpus(asked) == expected
+    assert ("Ray gets" in caplog.text) == (asked is not None and asked > seen > 0)
