@@ -10,6 +10,8 @@ at TP 2 is refused at TP 1, naming the sizes (the optimizer state reshards over 
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -77,8 +79,14 @@ def test_a_checkpoint_reshards_over_data_parallel_ranks_and_refuses_other_model_
         (saved["next_metrics"]["loss"], saved["next_metrics"]["grad_norm"]), rel=1e-3)
     torch.testing.assert_close(resumed["after"], saved["next_after"], atol=0.02, rtol=0)
 
-    launch(model_dir, tmp_path / "tp2.pt", 2, "--tp", "2", "--no-sequence-parallel", "--param-dtype", "bfloat16",
-           "--save", str(tmp_path / "tp2"))
+    # A checkpoint of another tensor-parallel size: the saved one with the layout its engine records set to TP=2
+    # (what a TP=2 run writes there; the engine refuses by that record before reading any shard).
+    schedule = tmp_path / "dp2" / "lr_schedule.json"
+    recorded = json.loads(schedule.read_text())
+    assert recorded["layout"]["tensor_model_parallel_size"] == 1
+    recorded["layout"]["tensor_model_parallel_size"] = 2
+    shutil.copytree(tmp_path / "dp2", tmp_path / "tp2")
+    (tmp_path / "tp2" / "lr_schedule.json").write_text(json.dumps(recorded))
     refused = launch(model_dir, tmp_path / "tp1.pt", 1, "--param-dtype", "bfloat16", "--load", str(tmp_path / "tp2"),
                      check=False)
     assert refused.returncode != 0
