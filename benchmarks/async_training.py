@@ -11,6 +11,7 @@ second against the colocated run, the generation time the update did not hide (`
 the weight sync's seconds and GB (seconds per GB) and the peak memory.
 
     python benchmarks/async_training.py --sizes 1 2 --response-length 256 1024 --out async.json
+    python benchmarks/async_training.py --sizes 1 2 --response-length 1024 --fast-training   # a generation-bound step
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import torch
 from ember.models.tiny import train_tiny_tokenizer
 from ember.trainer.loggers import read_jsonl_metrics
 
-from common import REPO_DIR, Workload, build_model_dir, environment, format_number, git_commit, make_prompts, \
+from common import FAST_TRAINING, REPO_DIR, Workload, build_model_dir, environment, format_number, git_commit, make_prompts, \
     markdown_table, write_prompt_parquet, write_reward_file
 from grpo_step import ember_overrides
 
@@ -53,6 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--fast-training", action="store_true",
+                        help="the update with ember's fastest switches (common.FAST_TRAINING), so the step is "
+                             "generation's: what one-step-off can hide")
     parser.add_argument("--override", action="append", default=[], help="an override added to every run")
     parser.add_argument("--out", default=None)
     return parser.parse_args(argv)
@@ -117,7 +121,8 @@ def main(argv=None) -> int:
                 for name, _, overrides in modes(k):
                     run_dir = os.path.join(work_dir, f"{length}-{len(rows)}")
                     base = ember_overrides(workload, model_dir, data_file, reward_file, run_dir, max_num_seqs=1024)
-                    rows.append((name, run_mode(base, overrides + args.override, run_dir, args.warmup, args.timeout)))
+                    extra = (FAST_TRAINING if args.fast_training else []) + args.override
+                    rows.append((name, run_mode(base, overrides + extra, run_dir, args.warmup, args.timeout)))
                     print(f"{length} tokens / {name}: {json.dumps(rows[-1][1])[:300]}", flush=True)
                     results["runs"][str(length)] = rows
                     if args.out:

@@ -73,6 +73,12 @@ SHAPES: dict[str, dict] = {"tiny": {}, "tiny-moe": {"arch": "qwen2_moe"}, "qwen2
 
 REPO_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ember checkout holding benchmarks/
 
+FAST_TRAINING = ["actor_rollout_ref.model.use_remove_padding=True", "actor_rollout_ref.model.use_fused_kernels=True",
+                 "actor_rollout_ref.actor.use_dynamic_bsz=True", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=49152",
+                 "actor_rollout_ref.model.use_liger=True"]
+"""ember's fastest training switches on the GPU step (BENCHMARKS.md): packed micro-batches in a 48k token budget,
+fused log-probs, Liger's kernels (`pip install liger-kernel`)."""
+
 DATA_SOURCE = "benchmark"
 
 REWARD_SOURCE = '''"""Benchmark reward: a fixed pseudo-random 0 or 1 per response text (nonzero advantages, no task)."""

@@ -18,12 +18,7 @@ for count in $counts; do
   for override in ${EXTRA_OVERRIDES:-}; do extra+=(--ember-override "$override"); done
   python "$here/grpo_step.py" --shape qwen2.5-0.5b --skip-trl --no-gradient-checkpointing --warmup 2 --steps 3 \
     --profile "$profile" --out "$out/scaling_$count.json" \
-    --ember-override trainer.n_gpus_per_node="$count" \
-    --ember-override actor_rollout_ref.model.use_remove_padding=True \
-    --ember-override actor_rollout_ref.model.use_fused_kernels=True \
-    --ember-override actor_rollout_ref.actor.use_dynamic_bsz=True \
-    --ember-override actor_rollout_ref.actor.ppo_max_token_len_per_gpu=49152 \
-    --ember-override actor_rollout_ref.model.use_liger=True "${extra[@]}" > "$out/log_$count.txt" 2>&1
+    --fast-training --ember-override trainer.n_gpus_per_node="$count" "${extra[@]}" > "$out/log_$count.txt" 2>&1
   echo "exit $? for $count GPUs" >> "$out/log_$count.txt"
   find "$profile" -name '*.phases.txt' | sort | while read -r table; do
     echo "== $table"; cat "$table"; done > "$out/phases_$count.txt"

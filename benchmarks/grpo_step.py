@@ -15,15 +15,10 @@ step, device synchronised; the table gives the median of `--steps` steps after `
     # the small-model step (SmolLM2-135M's shape, answers of 12 or 64 tokens): mostly fixed costs
     python benchmarks/grpo_step.py --shape smollm2-135m --prompts 32 --n 8 --response-length 12
 
-ember's fastest setting in BENCHMARKS.md (the switches, compiled layers, a 48k token budget,
-no recompute for either framework):
+ember's fastest setting in BENCHMARKS.md (the switches of `common.FAST_TRAINING`: packing in a 48k token
+budget, fused log-probs, Liger's kernels; no recompute for either framework):
 
-    python benchmarks/grpo_step.py --no-gradient-checkpointing \
-        --ember-override actor_rollout_ref.model.use_remove_padding=True \
-        --ember-override actor_rollout_ref.model.use_fused_kernels=True \
-        --ember-override actor_rollout_ref.actor.use_dynamic_bsz=True \
-        --ember-override actor_rollout_ref.actor.ppo_max_token_len_per_gpu=49152 \
-        --ember-override actor_rollout_ref.actor.use_torch_compile=True
+    python benchmarks/grpo_step.py --no-gradient-checkpointing --fast-training
 
 TRL is imported only when it runs (`--skip-trl` leaves it out); it is not an ember
 dependency: `pip install trl datasets` to compare.
@@ -50,6 +45,7 @@ from ember.trainer.rl_setup import build_components
 
 from common import (  # benchmarks/common.py: a script's own folder is on sys.path
     DATA_SOURCE,
+    FAST_TRAINING,
     REPO_DIR,
     SHAPES,
     FrameworkResult,
@@ -92,6 +88,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="ember's actor_rollout_ref.rollout.max_num_seqs: most rows per transformers generate call")
     parser.add_argument("--ember-override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra ember config override, as on the `ember train` command line (repeatable)")
+    parser.add_argument("--fast-training", action="store_true",
+                        help="ember's fastest training switches (common.FAST_TRAINING), before any --ember-override")
     parser.add_argument("--skip-ember", action="store_true", help="do not run ember")
     parser.add_argument("--ray", action="store_true",
                         help="also run ember with its roles in one Ray worker (the multi-GPU path), to time Ray's cost")
@@ -312,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.skip_ember:
             run_dir = os.path.join(work_dir, "ember-run")
             overrides = ember_overrides(workload, model_dir, data_file, reward_file, run_dir, args.ember_max_num_seqs)
+            overrides += FAST_TRAINING if args.fast_training else []
             ray_overrides = overrides + args.ember_override + [f"trainer.default_local_dir={run_dir}-ray"]
             if args.ray and args.ray_first:
                 summaries.append(run_ember(workload, ray_overrides, args.profile, use_ray=True).summary())
