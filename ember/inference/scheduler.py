@@ -156,9 +156,9 @@ class Scheduler:
                 num_sequences + len(group) <= self.config.max_num_seqs
                 and (len(leader) - start <= budget or self.config.enable_chunked_prefill)
             )
-            if not fits or (blocks > self.block_manager.num_free_blocks and not self._make_room(blocks)):
-                break
-            if blocks > self.block_manager.num_free_blocks:
+            if fits and blocks > self.block_manager.num_free_blocks:
+                self._make_room(blocks)  # held turns give their blocks back, oldest first
+            if not fits or blocks > self.block_manager.num_free_blocks:
                 break
             self.waiting.popleft()
             if start:
