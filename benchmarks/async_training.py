@@ -31,7 +31,7 @@ from ember.models.tiny import train_tiny_tokenizer
 from ember.trainer.loggers import read_jsonl_metrics
 
 from common import FAST_TRAINING, REPO_DIR, Workload, build_model_dir, environment, format_number, git_commit, make_prompts, \
-    markdown_table, write_prompt_parquet, write_reward_file
+    markdown_table, write_prompt_parquet, write_results, write_reward_file
 from grpo_step import ember_overrides
 
 
@@ -125,9 +125,7 @@ def main(argv=None) -> int:
                     rows.append((name, run_mode(base, overrides + extra, run_dir, args.warmup, args.timeout)))
                     print(f"{length} tokens / {name}: {json.dumps(rows[-1][1])[:300]}", flush=True)
                     results["runs"][str(length)] = rows
-                    if args.out:
-                        with open(args.out, "w", encoding="utf-8") as handle:
-                            json.dump(results, handle, indent=2)
+                    write_results(args.out, results)
             print(f"\n### {args.shape}, {args.prompts} prompts x {args.n} x {length} tokens ({env['device']}, "
                   f"{env['commit']}, {env['date']})\n\n{table(rows)}\n", flush=True)
     return 0

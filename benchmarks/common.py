@@ -15,6 +15,7 @@ import datetime
 import gc
 import importlib.metadata
 import importlib.util
+import json
 import os
 import platform
 import random
@@ -303,6 +304,14 @@ def environment(commit: str) -> dict[str, str]:
 def format_number(value: float | None, digits: int) -> str:
     """`value` with `digits` decimals, or "-" where there is none (memory on CPU)."""
     return "-" if value is None else f"{value:.{digits}f}"
+
+
+def write_results(path: str | None, results) -> None:
+    """`results` as JSON at `path` (nothing without one): a script calls it after every run, so a later run that
+    fails or times out loses nothing measured before it."""
+    if path:
+        with open(path, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=2)
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:

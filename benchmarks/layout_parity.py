@@ -36,7 +36,7 @@ from ember.nla.marker import MARKER_CANDIDATES
 from ember.trainer.loggers import read_jsonl_metrics
 
 from common import REPO_DIR, Workload, build_model_dir, environment, format_number, git_commit, make_prompts, \
-    markdown_table, write_prompt_parquet, write_reward_file
+    markdown_table, write_prompt_parquet, write_results, write_reward_file
 from grpo_step import ember_overrides
 
 MEGATRON = "actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.ref.strategy=megatron"
@@ -211,9 +211,7 @@ def main(argv=None) -> int:
                 rows.append((row, gpus, run_layout(command, gpus, overrides + args.override, run_dir, args.timeout)))
                 print(f"{name} / {row}: {json.dumps(rows[-1][2])[:300]}", flush=True)
                 results["workloads"][name] = {"shape": shape, "rows": rows}
-                if args.out:
-                    with open(args.out, "w", encoding="utf-8") as handle:
-                        json.dump(results, handle, indent=2)
+                write_results(args.out, results)
             print(f"\n### {name} ({shape}, {workload.prompts} prompts x {workload.n} x {workload.response_length} "
                   f"tokens; {env['device']}, {env['commit']}, {env['date']})\n\n{table(rows)}\n", flush=True)
     return 0

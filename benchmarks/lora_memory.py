@@ -46,6 +46,7 @@ from common import (  # benchmarks/common.py: a script's own folder is on sys.pa
     peak_memory_gib,
     reset_peak_memory,
     write_prompt_parquet,
+    write_results,
     write_reward_file,
 )
 from grpo_step import ember_overrides, time_ember_steps
@@ -206,10 +207,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             results[row] = run_in_subprocess(args, row, {**inputs, "run_dir": os.path.join(work_dir, f"run-{index}")})
             print(f"{row}: {json.dumps(results[row])[:300]}", flush=True)
-            if args.out:
-                with open(args.out, "w", encoding="utf-8") as handle:
-                    json.dump({"environment": env, "shape": args.shape, "workload": vars(workload),
-                               "rows": results}, handle, indent=2)
+            write_results(args.out, {"environment": env, "shape": args.shape, "workload": vars(workload),
+                                     "rows": results})
     print(f"\n### LoRA r={args.lora_rank} against full fine-tuning ({args.shape}, {workload.prompts} prompts x "
           f"{workload.n} x {workload.response_length} tokens; {env['device']}, {env['commit']}, {env['date']})\n\n"
           f"{table(results)}\n", flush=True)

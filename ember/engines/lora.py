@@ -8,7 +8,8 @@ trained low-rank pair `lora_A.default` [r, in], `lora_B.default` [out, r]; its o
 and the adapter's tensors (`hf_name` maps back to the model's own names), and the merged weight a
 generation engine or a Hugging Face folder needs is `base + scale · B @ A` (`merge_weight`),
 always computed into new tensors: the trained module itself is never merged in place. Base
-weights are frozen (`requires_grad=False`, so no optimizer state) and adapters are stored in fp32.
+weights are frozen (`requires_grad=False`, so no optimizer state; the FSDP2 engine stores them in
+the compute dtype) and adapters are stored in fp32.
 `peft` is an optional extra (`pip install 'ember[lora]'`), imported only where LoRA is on; a run that
 asks for LoRA without it is refused at load time (`config/lora_rules.py`).
 """
@@ -185,9 +186,9 @@ def adapters_disabled(model: nn.Module) -> Iterator[None]:
             layer._disable_adapters = False
 
 
-def merge_weight(base: Tensor, lora_a: Tensor, lora_b: Tensor, scale: float) -> Tensor:
-    """base + scale · B @ A, computed in fp32 into a new tensor, in the base's dtype."""
-    return (base.float() + scale * (lora_b.float() @ lora_a.float())).to(base.dtype)
+def merge_weight(base: Tensor, lora_a: Tensor, lora_b: Tensor, scale: float, dtype: torch.dtype | None = None) -> Tensor:
+    """base + scale · B @ A, computed in fp32 into a new tensor, in `dtype` (default: the base's)."""
+    return (base.float() + scale * (lora_b.float() @ lora_a.float())).to(dtype or base.dtype)
 
 
 def layer_tensor_names(module_name: str) -> tuple[str, str, str]:
@@ -215,7 +216,7 @@ def merged_layers(buckets: Iterable[list[tuple[str, Tensor]]], scales: dict[str,
             if len(parts) == 3:
                 done = waiting.pop(module)
                 base, lora_a, lora_b = (done[part] for part in layer_tensor_names(module))
-                out.append((f"{module}.weight", merge_weight(base, lora_a, lora_b, scales[module]).to(dtype)))
+                out.append((f"{module}.weight", merge_weight(base, lora_a, lora_b, scales[module], dtype)))
         if out:
             yield out
     if waiting:

@@ -125,7 +125,8 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
         use_remove_padding=use_remove_padding, use_fused_kernels=use_fused_kernels,
         reshard_after_forward=fsdp_config.reshard_after_forward, param_offload=fsdp_config.param_offload,
         optimizer_offload=fsdp_config.optimizer_offload, offload_policy=fsdp_config.offload_policy,
-        full_determinism=fsdp_config.full_determinism, compile_layers=compile_layers, use_liger=use_liger, seed=seed, optim=optim or OptimOptions(),
+        full_determinism=fsdp_config.full_determinism, compile_layers=compile_layers, use_liger=use_liger, seed=seed,
+        optim=optim or OptimOptions(),
         override_config=dict(getattr(model_cfg, "override_config", None) or {}),
         trust_remote_code=bool(getattr(model_cfg, "trust_remote_code", False)), lora=lora, **nla))
 

@@ -85,11 +85,11 @@ class EngineOptions:
     optimizer_offload: bool = False
     """`offload()` moves the optimizer state to CPU memory."""
     offload_policy: bool = False
-    full_determinism: bool = False
-    """Deterministic kernels for this process (`fsdp_config.full_determinism`, distributed/determinism.py)."""
     """FSDP2's CPUOffloadPolicy: shards, gradients and the optimizer step stay in CPU memory at all
     times (each layer is copied to the accelerator to compute); param/optimizer_offload then have
     nothing left to move."""
+    full_determinism: bool = False
+    """Deterministic kernels for this process (`fsdp_config.full_determinism`, distributed/determinism.py)."""
     use_liger: bool = False
     """liger-kernel's Triton RMSNorm, SwiGLU and RoPE in place of the model's own (`parallelize.apply_liger_kernels`,
     verl's `model.use_liger`) on an accelerator; ignored on CPU (the kernels are Triton's)."""
