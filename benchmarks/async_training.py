@@ -4,7 +4,9 @@ workload, `ember train` in a fresh process per mode on one host, the same random
 Modes, for each size k (GPUs per side; `--sizes 1 2` needs 2 and 4 GPUs):
 - `sync, colocated`: the rollout beside the actor on 2k GPUs (hybrid engine, ember's default);
 - `sync, own pool`: the actor on k GPUs, the rollout on k GPUs of its own (`hybrid_engine=false`), taking turns;
-- `one-step-off`: the same pools, step k+1 generated while step k trains (`async_training.mode=one_step_off`).
+- `one-step-off`: the same pools, step k+1 generated while step k trains (`async_training.mode=one_step_off`);
+- `fully async`: the same pools, generation running up to two steps ahead (`async_training.mode=fully_async`,
+  `staleness_threshold=2`): the rollout never waits for an update it does not need.
 
 Prints one table per response length: the median step time after the first `--warmup` steps, steps per
 second against the colocated run, the generation time the update did not hide (`timing_s/wait_prev_gen`),
@@ -41,7 +43,9 @@ def modes(k: int) -> list[tuple[str, int, list[str]]]:
     return [(f"sync, colocated on {2 * k}", 2 * k, [f"trainer.n_gpus_per_node={2 * k}"]),
             (f"sync, own pool {k} + {k}", 2 * k, [f"trainer.n_gpus_per_node={k}", *own_pool]),
             (f"one-step-off {k} + {k}", 2 * k, [f"trainer.n_gpus_per_node={k}", *own_pool,
-                                                 "async_training.mode=one_step_off"])]
+                                                 "async_training.mode=one_step_off"]),
+            (f"fully async {k} + {k}", 2 * k, [f"trainer.n_gpus_per_node={k}", *own_pool,
+                                               "async_training.mode=fully_async", "async_training.staleness_threshold=2"])]
 
 
 def parse_args(argv=None) -> argparse.Namespace:

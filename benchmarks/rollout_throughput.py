@@ -25,6 +25,9 @@ decode steps are CUDA graphs with the NCCL collectives inside (`--eager` for non
 `ember/inference/models/fp8.py`), its row beside the unquantised one, and `step vs 1x1` then compares
 its decode step with the unquantised engine's on one GPU; `KV blocks` shows the cache each engine sized
 (more where FP8's smaller weights leave room and the cache is memory-bound, not capped by max_num_seqs).
+`--profile DIR` also writes, for every ember row, where one decode step's device time goes: the torch
+profiler's kernel times of a 33-token generate (at most the response length) minus those of a 1-token one (the prefill), per decode step,
+largest first (`DIR/SHAPE-TPxR-ROWS[-fp8].txt`, rank 0's kernels; CUDA graphs' kernels included).
 """
 
 from __future__ import annotations
@@ -107,6 +110,39 @@ def graph_step_ms(engine: LLMEngine, rows: int, replays: int = 200) -> float:
     return 1000 * (time.perf_counter() - start) / replays
 
 
+def kernel_times(generate, prompts: list[list[int]], max_new_tokens: int) -> dict[str, tuple[float, int]]:
+    """(device µs, calls) by kernel name of one generate call under the torch profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CUDA] if current_device().type == "cuda" else [ProfilerActivity.CPU]
+    with profile(activities=activities) as profiler:
+        generate(prompts, SamplingParams(n=1, max_new_tokens=max_new_tokens, ignore_eos=True, temperature=1.0))
+        synchronize()
+    times = {}
+    for event in profiler.events():
+        device_us = event.device_time_total if activities[0] == ProfilerActivity.CUDA else event.cpu_time_total
+        if event.device_type.name == activities[0].name and device_us > 0:
+            total, calls = times.get(event.name, (0.0, 0))
+            times[event.name] = (total + device_us, calls + 1)
+    return times
+
+
+def write_decode_profile(generate, prompts: list[list[int]], path: str, steps: int = 32) -> None:
+    """Per decode step: device µs and calls of each kernel (a (steps+1)-token generate minus a 1-token one)."""
+    full, prefill = kernel_times(generate, prompts, steps + 1), kernel_times(generate, prompts, 1)
+    rows = []
+    for name, (total, calls) in full.items():
+        base_total, base_calls = prefill.get(name, (0.0, 0))
+        rows.append(((total - base_total) / steps, (calls - base_calls) / steps, name))
+    rows.sort(reverse=True)
+    step_us = sum(us for us, _, _ in rows)
+    with open(path, "w") as handle:
+        handle.write(f"device time per decode step: {step_us:.1f} us (kernels only: gaps between kernels not counted)\n")
+        handle.write(f"{'us/step':>9} {'share':>6} {'calls':>6}  kernel\n")
+        for us, calls, name in rows:
+            if us > 0.05:
+                handle.write(f"{us:9.1f} {100 * us / step_us:5.1f}% {calls:6.1f}  {name[:160]}\n")
+
+
 def bench_prompts(rows: int) -> list[list[int]]:
     """The same `rows` random prompts in every process."""
     generator = torch.Generator().manual_seed(rows)
@@ -130,6 +166,12 @@ def run_ember(model_dir: str, rows: int, tensor_parallel: int, replicas: int, ar
         quantization=quantization, gpu_memory_utilization=args.gpu_memory_utilization))
     result = measure(engine.generate, prompts, rows, args.response_length)
     result["kv_blocks"] = engine.num_kv_blocks
+    if args.profile:
+        label = f"{args.shape}-{tensor_parallel}x{replicas}-{rows}" + (f"-{quantization}" if quantization else "")
+        os.makedirs(args.profile, exist_ok=True)
+        path = os.path.join(args.profile, label + ".txt")
+        write_decode_profile(engine.generate, prompts, path if rank() == 0 else os.devnull,
+                             steps=min(32, args.response_length - 1))
     if engine.decoder.use_cuda_graphs:
         result["graph_ms"] = graph_step_ms(engine, share)
     del engine
@@ -163,6 +205,7 @@ def launch_layout(layout: tuple[int, int], model_dir: str, args, quantization: s
                    "--response-length", str(args.response_length), "--decode-window", str(args.decode_window),
                    "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
         command += ["--worker-quantization", quantization] if quantization else []
+        command += ["--profile", args.profile, "--shape", args.shape] if args.profile else []
         subprocess.run(command + (["--eager"] if args.eager else []), check=True)
         with open(result_file.name) as handle:
             return {result.pop("rows"): result for result in map(json.loads, handle)}
@@ -230,7 +273,10 @@ def main() -> None:
                         help="cpu: everything on the CPU in fp32 (a smoke test of the script)")
     parser.add_argument("--quantization", choices=["fp8"], default=None,
                         help="also run every ember layout with rollout.quantization=fp8, its row beside the unquantised")
+    parser.add_argument("--profile", metavar="DIR", default=None,
+                        help="write each ember row's decode-step kernel times (torch profiler) to DIR")
     parser.add_argument("--worker-layout", type=parse_layout, help=argparse.SUPPRESS)
+    parser.add_argument("--shape", help=argparse.SUPPRESS)  # inside a layout's launch: the shape, for --profile
     parser.add_argument("--worker-quantization", choices=["fp8"], default=None, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--result-file", help=argparse.SUPPRESS)
@@ -250,6 +296,7 @@ def main() -> None:
     print("| shape | rows | engine | tokens/s | s | peak GiB | decode ms/step | step vs 1x1 | graph ms | KV blocks |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shapes:
+        args.shape = shape
         run_shape(shape, tokenizer, args, hf_rows)
 
 
