@@ -1,7 +1,8 @@
 """Rollout tensor parallelism on several GPUs (NCCL) with real weights: the engine split over the smallest number
 of GPUs that divides the model (2 for Qwen2.5-0.5B; 3 for SmolLM2-135M, whose 9 attention heads two cannot split)
 generates what the whole engine generates, greedy and sampled (T=0.7, top-p 0.9), with the same per-token
-log-probs. The split engine's decode steps are CUDA graphs with the NCCL collectives captured inside.
+log-probs. The split engine's decode steps are CUDA graphs with the collectives captured inside: NCCL's, and
+(second case) the symmetric-memory one-shot all-reduce (`EngineConfig.all_reduce="symm_mem"`), which must set up.
 
 The two compute the same hidden states up to the last bit (each block's fp32 partial sums all-reduced, then
 rounded to bf16 once), so a near-tie can still flip a token late in a long answer; trained weights make that
@@ -41,7 +42,8 @@ def smallest_split(config: dict, devices: int) -> int | None:
     return None
 
 
-def test_the_engine_split_over_several_gpus_generates_what_the_whole_engine_does(real_model, tmp_path):
+@pytest.mark.parametrize("all_reduce", ["nccl", "symm_mem"])
+def test_the_engine_split_over_several_gpus_generates_what_the_whole_engine_does(real_model, tmp_path, all_reduce):
     _, _, tokenizer, directory = real_model
     size = smallest_split(json.loads((Path(directory) / "config.json").read_text()), torch.cuda.device_count())
     if size is None:
@@ -51,8 +53,10 @@ def test_the_engine_split_over_several_gpus_generates_what_the_whole_engine_does
     root = Path(__file__).resolve().parents[2]
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={size}", str(WORKER),
-                    str(directory), str(prompts_file), str(out_file)], check=True, timeout=600, env=environment)
+                    str(directory), str(prompts_file), str(out_file), all_reduce], check=True, timeout=600,
+                   env=environment)
     result = json.loads(out_file.read_text())
+    assert result["symmetric"] == (all_reduce == "symm_mem")
     for name in ("greedy", "sampled"):
         whole, split = result["whole"][name], result["split"][name]
         assert len(whole) == len(split) > 0
@@ -63,5 +67,5 @@ def test_the_engine_split_over_several_gpus_generates_what_the_whole_engine_does
             torch.testing.assert_close(torch.tensor(log_probs[:agree]), torch.tensor(expected_log_probs[:agree]),
                                        atol=TOLERANCE, rtol=0)
             identical += tokens == expected
-        print(f"{name}: {identical}/{len(whole)} answers identical at rollout TP={size}")
+        print(f"{name}: {identical}/{len(whole)} answers identical at rollout TP={size} ({all_reduce})")
         assert identical >= 0.8 * len(whole), name
