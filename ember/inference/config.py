@@ -37,7 +37,8 @@ class EngineConfig:
     """KV-cache blocks; None = enough for max_num_seqs sequences of max_model_len (the most that can be in use),
     or what fits under gpu_memory_utilization on an accelerator if that is less."""
     gpu_memory_utilization: float = 0.5
-    """Fraction of the accelerator's total memory the engine may fill (weights already loaded + KV cache)."""
+    """Fraction of the accelerator's total memory the engine may fill with its own weights and KV cache (as in vLLM:
+    a colocated trainer's memory does not count, except that the cache never takes more than is free)."""
     dtype: torch.dtype = torch.bfloat16
     """Dtype of the weights and the KV cache."""
     device: str = "cpu"

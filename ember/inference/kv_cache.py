@@ -109,22 +109,27 @@ def kv_blocks_to_allocate(max_num_seqs: int, max_blocks_per_sequence: int, fit_i
 
 
 def num_kv_blocks_for_memory(
-    total_bytes: int, free_bytes: int, memory_utilization: float, block_bytes: int, reserved_bytes: int = 0
+    total_bytes: int, free_bytes: int, memory_utilization: float, block_bytes: int, reserved_bytes: int = 0,
+    own_bytes: int = 0,
 ) -> int:
-    """Blocks that fit when the process may fill `memory_utilization` of the device and some is already in use.
+    """Blocks that fit when the engine may fill `memory_utilization` of the device with its own weights
+    (`own_bytes`, already loaded) and cache, and only `free_bytes` are free.
 
-    Memory already in use (total - free: the loaded weights, other processes) counts against
-    the budget, as gpu_memory_utilization means in vLLM, and so does `reserved_bytes` (the
-    steps' own activations, `activation_reserve_bytes`).
+    As gpu_memory_utilization means in vLLM, the fraction is the engine's own: memory a colocated trainer holds
+    (the actor's weights beside the rollout on the same GPU) does not count against it, but the cache never
+    takes more than what is free. `reserved_bytes` (the steps' own activations, `activation_reserve_bytes`)
+    comes off both.
     """
-    budget = int(total_bytes * memory_utilization) - (total_bytes - free_bytes) - reserved_bytes
+    own_budget = int(total_bytes * memory_utilization) - own_bytes
+    budget = min(own_budget, free_bytes) - reserved_bytes
     blocks = budget // block_bytes
     if blocks < 1:
+        gib = lambda count: f"{count / 2**30:.1f} GiB"  # noqa: E731
         raise ValueError(
-            f"no room for a KV cache: gpu_memory_utilization={memory_utilization} of {total_bytes / 2**30:.1f} GiB "
-            f"is {total_bytes * memory_utilization / 2**30:.1f} GiB, {(total_bytes - free_bytes) / 2**30:.1f} GiB "
-            f"is in use already and {reserved_bytes / 2**30:.1f} GiB is kept for the steps' activations: raise "
-            f"gpu_memory_utilization, free memory (offload training) before waking, or lower max_num_seqs / "
-            f"max_num_batched_tokens"
+            f"no room for a KV cache: gpu_memory_utilization={memory_utilization} of {gib(total_bytes)} is "
+            f"{gib(total_bytes * memory_utilization)}, the engine's weights take {gib(own_bytes)} of it, "
+            f"{gib(free_bytes)} is free on the device and {gib(reserved_bytes)} is kept for the steps' activations: "
+            "raise gpu_memory_utilization, free memory (offload training) before waking, or lower max_num_seqs / "
+            "max_num_batched_tokens"
         )
     return blocks

@@ -1,4 +1,5 @@
-"""Sizing the engine's KV cache from gpu_memory_utilization: memory in use and the steps' activations count against it."""
+"""Sizing the engine's KV cache from gpu_memory_utilization: the engine's own weights and the steps' activations count
+against it, memory others hold only where it leaves less free."""
 
 import pytest
 import torch
@@ -9,15 +10,25 @@ from ember.inference.kv_cache import (activation_reserve_bytes, kv_block_bytes, 
 GIB = 2**30
 
 
-def test_memory_in_use_and_reserved_activations_come_off_the_budget():
-    # 0.5 of 80 GiB = 40 GiB; 10 GiB in use; 6 GiB kept for activations: 24 GiB of 1 GiB blocks.
-    assert num_kv_blocks_for_memory(80 * GIB, 70 * GIB, 0.5, GIB) == 30
-    assert num_kv_blocks_for_memory(80 * GIB, 70 * GIB, 0.5, GIB, reserved_bytes=6 * GIB) == 24
+def test_the_engines_weights_and_reserved_activations_come_off_its_share():
+    # 0.5 of 80 GiB = 40 GiB; the engine's weights 15 GiB; 6 GiB kept for activations: 19 GiB of 1 GiB blocks.
+    assert num_kv_blocks_for_memory(80 * GIB, 65 * GIB, 0.5, GIB, own_bytes=15 * GIB) == 25
+    assert num_kv_blocks_for_memory(80 * GIB, 65 * GIB, 0.5, GIB, reserved_bytes=6 * GIB, own_bytes=15 * GIB) == 19
+
+
+def test_a_colocated_trainers_memory_counts_only_where_it_leaves_less_free():
+    # A 7B LoRA actor's bf16 base (15 GiB) beside the engine's 15 GiB: 0.5 of 80 GiB still leaves the engine 19 GiB.
+    assert num_kv_blocks_for_memory(80 * GIB, 45 * GIB, 0.5, GIB, reserved_bytes=6 * GIB, own_bytes=15 * GIB) == 19
+    # ...but never more than is free: 25 GiB free, 6 kept for activations.
+    assert num_kv_blocks_for_memory(80 * GIB, 25 * GIB, 0.5, GIB, reserved_bytes=6 * GIB, own_bytes=15 * GIB) == 19
+    assert num_kv_blocks_for_memory(80 * GIB, 20 * GIB, 0.5, GIB, reserved_bytes=6 * GIB, own_bytes=15 * GIB) == 14
 
 
 def test_no_room_names_the_settings_to_change():
-    with pytest.raises(ValueError, match="gpu_memory_utilization.*activations.*max_num_seqs"):
-        num_kv_blocks_for_memory(80 * GIB, 45 * GIB, 0.5, GIB, reserved_bytes=6 * GIB)
+    with pytest.raises(ValueError, match="gpu_memory_utilization.*weights take 38.0 GiB.*activations.*max_num_seqs"):
+        num_kv_blocks_for_memory(80 * GIB, 40 * GIB, 0.5, GIB, reserved_bytes=6 * GIB, own_bytes=38 * GIB)
+    with pytest.raises(ValueError, match="6.0 GiB is free"):
+        num_kv_blocks_for_memory(80 * GIB, 6 * GIB, 0.5, GIB, reserved_bytes=6 * GIB, own_bytes=15 * GIB)
 
 
 def test_activation_reserve_covers_the_logits_of_every_slot_and_a_full_prefill():

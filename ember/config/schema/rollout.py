@@ -79,7 +79,9 @@ class RolloutConfig:
               "experts) in float8 e4m3 with one fp32 scale per output channel, quantised at load and at every weight "
               "sync, inputs quantised per token (torch._scaled_mm on GPUs of compute capability 8.9+, bfloat16); the "
               "embedding, norms, MoE router, routed experts and LM head stay in dtype; null = none")
-    gpu_memory_utilization: float = field_(0.5, "fraction of GPU memory the engine may use for weights and KV cache")
+    gpu_memory_utilization: float = field_(
+        0.5, "fraction of GPU memory the engine may use for its own weights and KV cache (memory the actor holds beside "
+             "it does not count, except that the cache never takes more than is free)")
     ignore_eos: bool = field_(False, "keep generating after the end-of-sequence token until response_length")
     enforce_eager: bool = field_(False, "run decode steps eagerly; false = replay them as captured CUDA graphs (GPU)")
     free_cache_engine: bool = field_(True, "release the KV cache between rollouts so training can use the memory")
