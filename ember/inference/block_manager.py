@@ -80,9 +80,15 @@ class BlockManager:
         num_tokens = len(sequence) if num_tokens is None else num_tokens
         return max(0, -(-num_tokens // self.block_size) - len(sequence.block_table))
 
-    def can_append(self, sequence: Sequence, num_tokens: int | None = None) -> bool:
-        """Whether the free pool can give `sequence` slots for its first `num_tokens` tokens (default: all it has)."""
-        return self.blocks_missing(sequence, num_tokens) <= self.num_free_blocks
+    def try_append(self, sequence: Sequence, num_tokens: int) -> bool:
+        """Give `sequence` slots for its first `num_tokens` tokens if the free pool holds the blocks they need;
+        whether it did."""
+        missing = self.blocks_missing(sequence, num_tokens)
+        if missing > len(self._free_blocks):
+            return False
+        for _ in range(missing):
+            sequence.block_table.append(self._take())
+        return True
 
     def append_slot(self, sequence: Sequence, num_tokens: int | None = None) -> None:
         """Make sure `sequence`'s first `num_tokens` tokens (default: all it has) have slots, taking new blocks."""

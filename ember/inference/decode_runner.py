@@ -6,7 +6,9 @@ in fixed device buffers (newest token, position, block table and seed per row) t
 step itself advances, and slots and context lengths are derived from them on the device.
 The host reads the k x rows sampled tokens once at the end; a sequence that stopped
 inside the window is cut there by the engine (its extra steps wrote only slots of its own
-blocks or of the trash block, never another sequence's).
+blocks or of the trash block, never another sequence's). It writes the buffers whole only
+when the rows change: while the same sequences run on (none finished, was preempted or
+joined), it writes just the blocks they took for the next window.
 
 On CUDA each step (model forward, sampling, advancing the buffers) is one captured CUDA
 graph per padded batch size and sampling setting, replayed k times: a decode step is a
@@ -17,6 +19,10 @@ runs eagerly.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
 import torch
 
 from ember.inference.attention import AttentionInputs
@@ -36,6 +42,20 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
         sizes += [power + power // 2, power * 2]
         power *= 2
     return [size for size in sizes if size < max_num_seqs] + [max_num_seqs]
+
+
+@dataclass(frozen=True)
+class LoadedRows:
+    """What the decode buffers' rows hold after the last window: which sequences in which rows, how far each
+    row got, and how much of its block table was written."""
+
+    sequences: list[Sequence]
+    rows: int
+    """The rows written, padding rows included."""
+    lengths: list[int]
+    """Each sequence's length once the window's tokens are appended (its row's newest token is the last)."""
+    table_lengths: np.ndarray
+    """Block-table entries written for each sequence."""
 
 
 class DecodeRunner:
@@ -59,11 +79,14 @@ class DecodeRunner:
         self.use_cuda_graphs = use_cuda_graphs and self.device.type == "cuda"
         self.batch_sizes = graph_batch_sizes(max_num_seqs)
         rows = max_num_seqs
-        zeros = lambda: torch.zeros(rows, dtype=torch.long, device=self.device)  # noqa: E731
-        self.token_ids, self.positions, self.seeds, self.step_tokens = zeros(), zeros(), zeros(), zeros()
+        # each row's newest token, its position and its sampling seed, in one tensor: a reload is one copy
+        self.row_inputs = torch.zeros(3, rows, dtype=torch.long, device=self.device)
+        self.token_ids, self.positions, self.seeds = self.row_inputs
+        self.step_tokens = torch.zeros(rows, dtype=torch.long, device=self.device)
         self.ones = torch.ones(rows, dtype=torch.long, device=self.device)
         self.step_log_probs = torch.zeros(rows, dtype=torch.float32, device=self.device)
         self.block_tables = torch.full((rows, max_blocks_per_sequence), trash_block, dtype=torch.long, device=self.device)
+        self.loaded = LoadedRows([], 0, [], np.zeros(0, dtype=np.int64))
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
         self.graph_pool = torch.cuda.graph_pool_handle() if self.use_cuda_graphs else None
         self.kv_address: int | None = None  # the KV cache's address the captured graphs read
@@ -84,10 +107,11 @@ class DecodeRunner:
         count = len(sequences)
         padded = next(size for size in self.batch_sizes if size >= count) if self.use_cuda_graphs else count
         graph = self._graph(padded, sampling) if self.use_cuda_graphs else None
-        self._load_rows(sequences, padded)
+        self._load_rows(sequences, padded, steps)
         # A graph reads the table at its full width (the kernel skips unused blocks); an eager step
-        # gathers every block of the width it is given, so it gets only what this window can reach.
-        width = None if graph is not None else -(-(max(len(s) for s in sequences) + steps) // self.block_size)
+        # gathers every block of the width it is given, so it gets only what this window can reach
+        # (the longest row's length at the window's end).
+        width = None if graph is not None else -(-max(self.loaded.lengths) // self.block_size)
         tokens = torch.empty(steps, count, dtype=torch.long, device=self.device)
         log_probs = torch.empty(steps, count, dtype=torch.float32, device=self.device)
         for index in range(steps):
@@ -120,16 +144,52 @@ class DecodeRunner:
         token_ids.copy_(next_tokens)
         positions.add_(1)
 
-    def _load_rows(self, sequences: list[Sequence], rows: int) -> None:
-        """Fill the buffers' first `rows` rows: the sequences, then padding rows on the trash block."""
-        width = self.block_tables.shape[1]
-        padding = rows - len(sequences)
-        tables = [sequence.block_table + [self.trash_block] * (width - len(sequence.block_table)) for sequence in sequences]
-        tables += [[self.trash_block] * width] * padding
-        self.block_tables[:rows].copy_(torch.tensor(tables, dtype=torch.long))
-        self.token_ids[:rows].copy_(torch.tensor([sequence.token_ids[-1] for sequence in sequences] + [0] * padding))
-        self.positions[:rows].copy_(torch.tensor([len(sequence) - 1 for sequence in sequences] + [0] * padding))
-        self.seeds[:rows].copy_(torch.tensor([sequence.seed for sequence in sequences] + [0] * padding))
+    def _load_rows(self, sequences: list[Sequence], rows: int, steps: int = 0) -> None:
+        """Fill the buffers' first `rows` rows for a window of `steps` steps: the sequences, then padding rows
+        (token 0 at position 0, every block the trash block).
+
+        When the rows hold the same sequences as the last window left them, each grown by all of that window's
+        tokens, the steps have already fed each row its newest token and advanced its position: only the blocks
+        taken since (a running sequence's table only grows) are written, and the padding rows go back to
+        position 0. The buffers then hold what a full reload would write."""
+        lengths = [len(sequence.token_ids) for sequence in sequences]
+        table_lengths = np.array([len(sequence.block_table) for sequence in sequences], dtype=np.int64)
+        loaded = self.loaded
+        if rows == loaded.rows and lengths == loaded.lengths and sequences == loaded.sequences:
+            self._write_new_blocks(sequences, table_lengths)
+            self.row_inputs[:2, len(sequences) : rows].zero_()
+        else:
+            self._write_rows(sequences, rows, lengths, table_lengths)
+        self.loaded = LoadedRows(list(sequences), rows, [length + steps for length in lengths], table_lengths)
+
+    def _write_rows(self, sequences: list[Sequence], rows: int, lengths: list[int], table_lengths: np.ndarray) -> None:
+        """Write the first `rows` rows whole: each sequence's block table (`table_lengths` entries), newest token,
+        position and seed (`lengths`: its tokens), then padding rows."""
+        count, width = len(sequences), self.block_tables.shape[1]
+        block_tables = np.full((rows, width), self.trash_block, dtype=np.int64)
+        in_table = np.arange(width) < table_lengths[:, None]
+        block_tables[:count][in_table] = list(chain.from_iterable(sequence.block_table for sequence in sequences))
+        row_inputs = np.zeros((3, rows), dtype=np.int64)
+        row_inputs[0, :count] = [sequence.token_ids[-1] for sequence in sequences]
+        row_inputs[1, :count] = np.array(lengths, dtype=np.int64) - 1
+        row_inputs[2, :count] = [sequence.seed for sequence in sequences]
+        self.block_tables[:rows].copy_(torch.from_numpy(block_tables))
+        self.row_inputs[:, :rows].copy_(torch.from_numpy(row_inputs))
+
+    def _write_new_blocks(self, sequences: list[Sequence], table_lengths: np.ndarray) -> None:
+        """Write the block-table entries each row's sequence took since its row was last written (it has
+        `table_lengths` entries now)."""
+        written = self.loaded.table_lengths
+        new_blocks = list(chain.from_iterable(
+            sequence.block_table[start:] for sequence, start in zip(sequences, written.tolist())))
+        if not new_blocks:
+            return
+        counts = table_lengths - written  # new entries per row
+        rank_in_row = np.arange(len(new_blocks)) - np.repeat(np.cumsum(counts) - counts, counts)
+        first_new = np.arange(len(sequences)) * self.block_tables.shape[1] + written  # flat index of each row's first
+        update = torch.from_numpy(np.stack([np.repeat(first_new, counts) + rank_in_row, np.array(new_blocks)]))
+        update = update.to(self.device)
+        self.block_tables.put_(update[0], update[1])
 
     def _graph(self, rows: int, sampling: SamplingParams) -> torch.cuda.CUDAGraph:
         """The captured step for `rows` rows and this sampling setting, captured on first use on padding rows."""

@@ -55,6 +55,14 @@ def keeps_kv_cache_over_sleep(cache_bytes: int, device_total_bytes: int) -> bool
     return cache_bytes <= KV_CACHE_KEPT_OVER_SLEEP_FRACTION * device_total_bytes
 
 
+def first_stop(tokens: list[int], count: int, stop_token_ids: set[int]) -> int | None:
+    """Index of the first stop token among the first `count` `tokens`, or None; a window without any stop
+    token (nearly every one) costs one set operation."""
+    if not stop_token_ids or stop_token_ids.isdisjoint(tokens):
+        return None
+    return next((index for index, token in enumerate(tokens[:count]) if token in stop_token_ids), None)
+
+
 class LLMEngine:
     """Batched generation with a paged KV cache for one decoder model (dense or MoE)."""
 
@@ -234,10 +242,12 @@ class LLMEngine:
         for sequence, new_tokens, new_log_probs in zip(sequences, tokens, log_probs, strict=True):
             budget = sequence.max_new_tokens - sequence.num_generated
             kept, reason = min(len(new_tokens), budget), "length"
-            stop = next((i for i, token in enumerate(new_tokens[:kept]) if token in stop_token_ids), None)
+            stop = first_stop(new_tokens, kept, stop_token_ids)
             if stop is not None:
                 kept, reason = stop + 1, "stop"
-            sequence.extend(new_tokens[:kept], new_log_probs[:kept])
+            if kept < len(new_tokens):
+                new_tokens, new_log_probs = new_tokens[:kept], new_log_probs[:kept]
+            sequence.extend(new_tokens, new_log_probs)
             if reason == "stop" or kept == budget:
                 self.scheduler.finish(sequence, reason)
                 finished.append(sequence)

@@ -193,7 +193,7 @@ class Scheduler:
         while candidates:
             sequence = candidates.popleft()
             needed = slots_for_window(sequence, lookahead)
-            while not self.block_manager.can_append(sequence, needed):
+            while not self.block_manager.try_append(sequence, needed):
                 if self._make_room(self.block_manager.blocks_missing(sequence, needed)):
                     continue  # held turns gave their blocks back before a running sequence is preempted
                 victim = candidates.pop() if candidates else sequence
@@ -201,7 +201,6 @@ class Scheduler:
                 if victim is sequence:
                     break
             else:
-                self.block_manager.append_slot(sequence, needed)
                 scheduled.append(sequence)
         if not scheduled:
             raise RuntimeError(
@@ -236,5 +235,5 @@ def slots_for_window(sequence: Sequence, steps: int) -> int:
     Step i feeds the token at position len - 1 + i, so the window writes positions up to
     len + steps - 2; a sequence never feeds its last allowed token (prompt + max_new_tokens - 1).
     """
-    last_useful = sequence.prompt_length + sequence.max_new_tokens - 1
-    return max(len(sequence), min(len(sequence) + steps - 1, last_useful))
+    length, last_useful = len(sequence.token_ids), sequence.prompt_length + sequence.max_new_tokens - 1
+    return max(length, min(length + steps - 1, last_useful))

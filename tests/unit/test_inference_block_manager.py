@@ -51,6 +51,17 @@ def test_append_slot_takes_a_block_only_when_the_last_one_is_full():
     assert manager.slot(sequence, 2) == 0 * 4 + 2
 
 
+def test_try_append_takes_every_missing_block_or_none():
+    manager = BlockManager(num_blocks=4, block_size=4)
+    [sequence] = sequences(3, n=1)
+    manager.allocate_group([sequence])
+    assert not manager.try_append(sequence, 17)  # 5 blocks: 4 missing, 3 free
+    assert sequence.block_table == [0] and manager.num_free_blocks == 3
+    assert manager.try_append(sequence, 12)  # a window's tokens up to 12: 2 more blocks
+    assert sequence.block_table == [0, 1, 2] and manager.num_free_blocks == 1
+    assert manager.try_append(sequence, 12) and sequence.block_table == [0, 1, 2]  # nothing missing
+
+
 def test_shared_blocks_return_to_the_pool_only_when_every_sample_released_them():
     manager = BlockManager(num_blocks=8, block_size=4)
     group = sequences(10, n=3)
