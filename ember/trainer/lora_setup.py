@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 from ember.engines.lora import LoraOptions, adapter_folder_config, check_lora_targets
-from ember.models.loading import build_model_on_meta, load_model_config
 
 
 def lora_options(model_cfg: Any, key: str) -> LoraOptions | None:
@@ -29,6 +28,8 @@ def check_lora_model(options: LoraOptions | None, model_path: str, trust_remote_
     `lora_adapter_path` is an adapter folder of the configured rank (errors name the key)."""
     if options is None:
         return
+    from ember.models.loading import build_model_on_meta, load_model_config  # transformers' model classes
+
     model = build_model_on_meta(load_model_config(model_path, trust_remote_code=trust_remote_code),
                                 trust_remote_code=trust_remote_code)
     check_lora_targets(options, model)

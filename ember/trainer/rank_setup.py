@@ -5,6 +5,11 @@ the pieces both sides read (the tokenizer and its stop tokens, the compute dtype
 Each builder reads only its own config slice and hands plain options to the component, so the
 components never see the whole configuration. The driver's side (data, pools, worker groups) is
 `rl_setup.py`; a worker process builds its roles here (`rank_worker.py`).
+
+The engines and the model loading (transformers' model classes, FSDP2, torch's compiler stack:
+seconds of imports) are imported by the functions that build them: a driver whose ranks are Ray
+workers imports them only where it builds a model itself (noise injection, LoRA's checks, a
+resume's model check); `tests/unit/test_startup_imports.py`.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from typing import TYPE_CHECKING
 
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
@@ -22,11 +28,8 @@ from ember.config.schema import EmberConfig
 from ember.config.schema.rollout import STAND_IN_NAMES
 from ember.distributed.device import current_device, device_type, rank, request_device
 from ember.engines.base import MicroBatchSpec, TrainEngine
-from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
 from ember.engines.lora import LoraOptions
 from ember.engines.optim import OptimOptions
-from ember.inference.config import EngineConfig
-from ember.models.loading import build_model_on_meta, load_model_config, resolve_dtype
 from ember.rollout import build_rollout
 from ember.trainer.lora_setup import lora_options
 from ember.trainer.metrics import timed
@@ -38,6 +41,9 @@ from ember.workers.reconstructor import Reconstructor, ReconstructorOptions
 from ember.workers.reference import Reference
 from ember.workers.rollout import PolicyRollout
 from ember.workers.weight_sync import WeightSender
+
+if TYPE_CHECKING:
+    from ember.inference.config import EngineConfig
 
 logger = logging.getLogger(__name__)
 
@@ -118,6 +124,8 @@ def build_engine(model_path: str, role: str, model_cfg, fsdp_config, optim: Opti
             logger.warning("%s on strategy megatron: model.override_config is not applied; set the fields in "
                            "megatron.override_model_config (HF config) or override_transformer_config", role)
         return MegatronEngine(megatron_options(model_path, role, megatron, optim, use_remove_padding, **nla))
+    from ember.engines.fsdp.engine import EngineOptions, FSDPEngine
+
     return FSDPEngine(EngineOptions(
         model_path=model_path, role=role, model_dtype=fsdp_config.model_dtype,
         param_dtype=compute_dtype(model_cfg.dtype), attn_implementation=model_cfg.attn_implementation,
@@ -136,6 +144,8 @@ def run_noise_injection(cfg: EmberConfig, total_steps: int) -> NoiseInjection | 
     config, so the weights' names and module types are the ones the weight stream carries)."""
     if not cfg.trainer.noise_injection.enabled:
         return None
+    from ember.models.loading import build_model_on_meta, load_model_config
+
     model_cfg = cfg.actor_rollout_ref.model
     trust = model_cfg.trust_remote_code
     model = build_model_on_meta(load_model_config(model_cfg.path, trust_remote_code=trust), trust_remote_code=trust)
@@ -174,6 +184,9 @@ def micro_batch_spec(use_dynamic_bsz: bool, max_token_len: int, micro_batch_size
 
 def engine_config(rollout) -> EngineConfig:
     """ember's generation engine sized from `actor_rollout_ref.rollout`."""
+    from ember.inference.config import EngineConfig
+    from ember.models.loading import resolve_dtype
+
     max_model_len = rollout.max_model_len or rollout.prompt_length + rollout.response_length
     budget = rollout.max_num_batched_tokens
     if not rollout.enable_chunked_prefill:  # then one step must hold a whole sequence

@@ -40,24 +40,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_model_state_dict
 from transformers import PretrainedConfig
 
 from ember.engines.base import TrainEngine
 from ember.engines.lora import LoraOptions, add_lora, is_adapter_name
-from ember.models.loading import build_model_on_meta, load_model_config
 from ember.trainer.checkpoint import CheckpointError, CheckpointManager, CheckpointProblem
 from ember.trainer.run_state import SavedRunState, read_run_state
+
+# ember.models.loading (transformers' model classes) and torch's distributed checkpointing (DTensor, sympy):
+# seconds of imports, made by the functions below that build a model or load a checkpoint, which the driver of
+# a fresh run does not call.
 
 logger = logging.getLogger("ember.trainer")
 
 Engines = list[tuple[str, TrainEngine]]
 """Each engine under its folder name in the checkpoint; anything with `checkpoint_problem` and `load`
 does (the RL trainer passes its roles, which keep their engines resident while loading, on every rank)."""
-# What a load of damaged bytes raises: DCP wraps each rank's error in a CheckpointException
-# (a BaseException); torch.load and json raise the others.
-_LOAD_ERRORS = (CheckpointException, RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError)
+# What a load of damaged bytes raises: DCP wraps each rank's error in a CheckpointException (a BaseException,
+# which `load_engines` adds); torch.load and json raise the others.
+_LOAD_ERRORS = (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError)
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,8 @@ def check_engine_files(path: str, engines: Engines) -> None:
 
 def load_engines(path: str, engines: Engines, resident: bool = False) -> None:
     """`engine.load` of each engine's folder; a load that fails on damaged bytes becomes a CheckpointProblem."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     for name, engine in engines:
         folder = os.path.join(path, name)
         try:
@@ -125,13 +128,15 @@ def load_engines(path: str, engines: Engines, resident: bool = False) -> None:
                 engine.load(folder)
         except torch.OutOfMemoryError:
             raise
-        except _LOAD_ERRORS as error:
+        except (CheckpointException, *_LOAD_ERRORS) as error:
             raise CheckpointProblem(f"{folder} does not load although every file is there and long enough, so "
                                     f"bytes in it are damaged ({_first_failure(error)})") from None
 
 
 def _first_failure(error: BaseException) -> str:
     """A one-line account of `error`; for DCP's, of the first rank's own error."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
     if isinstance(error, CheckpointException) and error.failures:
         error = next(iter(error.failures.values()))[0]
     lines = str(error).strip().splitlines()
@@ -154,18 +159,26 @@ class CheckpointedModel:
     """With LoRA the engine's checkpoint holds the adapter's tensors alone (`FSDPEngine.save`)."""
 
     def config(self) -> PretrainedConfig:
+        from ember.models.loading import load_model_config
+
         return load_model_config(self.path, value_head=self.value_head, overrides=self.overrides,
                                  trust_remote_code=self.trust_remote_code)
 
     @functools.cached_property
     def architecture(self) -> str:
         """The model's class as its config.json names it (e.g. Qwen2ForCausalLM)."""
+        from ember.models.loading import load_model_config
+
         names = load_model_config(self.path, trust_remote_code=self.trust_remote_code).architectures
         return names[0] if names else "unknown architecture"
 
     @functools.cached_property
     def tensor_shapes(self) -> dict[str, tuple[int, ...]]:
         """Each tensor of the model's state dict, as the FSDP engine saves it, with its full shape."""
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        from ember.models.loading import build_model_on_meta
+
         model = build_model_on_meta(self.config(), value_head=self.value_head, trust_remote_code=self.trust_remote_code)
         if self.lora is None:
             return {name: tuple(tensor.shape) for name, tensor in get_model_state_dict(model).items()}

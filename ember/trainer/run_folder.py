@@ -28,7 +28,6 @@ from ember.config.schema.trainer import RunConfig
 from ember.config.yaml_io import read_yaml_file
 from ember.trainer.checkpoint import (STEP_DIR, TRACKER_FILE, CheckpointError, CheckpointManager, check_resume_path,
                                      list_checkpoints)
-from ember.engines.dcp_folder import saved_tensor_shapes
 from ember.trainer.resume import CheckpointedModel, model_mismatch
 
 CONFIG_FILE = "config.yaml"
@@ -124,6 +123,8 @@ def in_folder(checkpoint: str, run_dir: str) -> bool:
 def _fits(checkpoint: str, models: list[CheckpointedModel], trainer: RunConfig) -> bool:
     """Whether `checkpoint` was seen to be written for `models` (False: its tensors could not be read, and
     resume.py's checks report why when it loads); raises CheckpointError when it was written for another model."""
+    from ember.engines.dcp_folder import saved_tensor_shapes  # torch's DCP: imported when there is a checkpoint
+
     mismatches, seen = [], False
     for model in models:
         folder = os.path.join(checkpoint, model.folder)
