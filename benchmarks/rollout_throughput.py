@@ -7,7 +7,6 @@ temperature 1).
     python benchmarks/rollout_throughput.py --shapes qwen2.5-1.5b qwen2.5-7b --layouts 1x1 2x1 1x2 4x1 1x4 --hf-rows
     python benchmarks/rollout_throughput.py --device cpu --shapes tiny --rows 4 --response-length 8 --layouts 1x1 2x1
     python benchmarks/rollout_throughput.py --rows 64 512 --hf-rows --quantization fp8   # FP8 rows beside bf16
-    python benchmarks/rollout_throughput.py --shapes qwen2.5-7b --layouts 1x1 2x1 --all-reduce nccl symm_mem
 
 Prints one table row per shape, batch size and engine: tokens/s, peak GPU memory (the fullest rank),
 and ms per decode step (from a second, prefill-only run: (full - prefill) / (tokens - 1)); for ember
@@ -26,8 +25,6 @@ decode steps are CUDA graphs with the NCCL collectives inside (`--eager` for non
 `ember/inference/models/fp8.py`), its row beside the unquantised one, and `step vs 1x1` then compares
 its decode step with the unquantised engine's on one GPU; `KV blocks` shows the cache each engine sized
 (more where FP8's smaller weights leave room and the cache is memory-bound, not capped by max_num_seqs).
-`--all-reduce nccl symm_mem` runs every layout of TP > 1 once per way of summing the blocks' partials
-(`EngineConfig.all_reduce`), the later ones' rows marked with it.
 `--profile DIR` also writes, for every ember row, where one decode step's device time goes: the torch
 profiler's kernel times of a 33-token generate (at most the response length) minus those of a 1-token one (the prefill), per decode step,
 largest first (`DIR/SHAPE-TPxR-ROWS[-fp8].txt`, rank 0's kernels; CUDA graphs' kernels included).
@@ -49,7 +46,7 @@ import torch.distributed as dist
 from common import SHAPES, build_model_dir  # benchmarks/common.py: a script's own folder is on sys.path
 from ember.distributed.device import (current_device, empty_cache, init_distributed, is_distributed, rank,
                                       request_device, shutdown_distributed, synchronize, world_size)
-from ember.inference.config import ALL_REDUCES, EngineConfig
+from ember.inference.config import EngineConfig
 from ember.inference.engine import LLMEngine
 from ember.models.tiny import train_tiny_tokenizer
 from ember.rollout import HFRollout, SamplingParams
@@ -153,7 +150,7 @@ def bench_prompts(rows: int) -> list[list[int]]:
 
 
 def run_ember(model_dir: str, rows: int, tensor_parallel: int, replicas: int, args,
-              quantization: str | None, all_reduce: str = "nccl") -> dict[str, float]:
+              quantization: str | None) -> dict[str, float]:
     """ember's engine (weights quantised as `quantization` says) in this process's place of a TPxR layout
     (world size TP·R) on `rows` prompts: each replica takes its consecutive share, every rank of a replica
     the same one."""
@@ -166,12 +163,11 @@ def run_ember(model_dir: str, rows: int, tensor_parallel: int, replicas: int, ar
         max_model_len=PROMPT_LENGTH + args.response_length, max_num_seqs=max(args.rows),
         max_num_batched_tokens=65536, dtype=args.dtype, device=str(current_device()),
         use_cuda_graphs=not args.eager, decode_window=args.decode_window, tensor_parallel_size=tensor_parallel,
-        quantization=quantization, gpu_memory_utilization=args.gpu_memory_utilization, all_reduce=all_reduce))
+        quantization=quantization, gpu_memory_utilization=args.gpu_memory_utilization))
     result = measure(engine.generate, prompts, rows, args.response_length)
     result["kv_blocks"] = engine.num_kv_blocks
     if args.profile:
-        label = f"{args.shape}-{tensor_parallel}x{replicas}-{rows}" + "".join(
-            f"-{part}" for part in (quantization, all_reduce if all_reduce != "nccl" else None) if part)
+        label = f"{args.shape}-{tensor_parallel}x{replicas}-{rows}" + (f"-{quantization}" if quantization else "")
         os.makedirs(args.profile, exist_ok=True)
         path = os.path.join(args.profile, label + ".txt")
         write_decode_profile(engine.generate, prompts, path if rank() == 0 else os.devnull,
@@ -192,15 +188,14 @@ def run_layout_worker(args) -> None:
         raise SystemExit(f"layout {tensor_parallel}x{replicas} needs {tensor_parallel * replicas} ranks, "
                          f"got {world_size()}")
     results = [dict(rows=rows, **run_ember(args.model_dir, rows, tensor_parallel, replicas, args,
-                                           args.worker_quantization, args.worker_all_reduce)) for rows in args.rows]
+                                           args.worker_quantization)) for rows in args.rows]
     if rank() == 0:
         with open(args.result_file, "w") as handle:
             handle.writelines(json.dumps(result) + "\n" for result in results)
     shutdown_distributed()
 
 
-def launch_layout(layout: tuple[int, int], model_dir: str, args, quantization: str | None,
-                  all_reduce: str) -> dict[int, dict[str, float]]:
+def launch_layout(layout: tuple[int, int], model_dir: str, args, quantization: str | None) -> dict[int, dict[str, float]]:
     """Results by rows of a layout of several GPUs, from a fresh torchrun launch of this script."""
     gpus = layout[0] * layout[1]
     with tempfile.NamedTemporaryFile(suffix=".jsonl") as result_file:
@@ -210,25 +205,16 @@ def launch_layout(layout: tuple[int, int], model_dir: str, args, quantization: s
                    "--response-length", str(args.response_length), "--decode-window", str(args.decode_window),
                    "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
         command += ["--worker-quantization", quantization] if quantization else []
-        command += ["--worker-all-reduce", all_reduce]
         command += ["--profile", args.profile, "--shape", args.shape] if args.profile else []
         subprocess.run(command + (["--eager"] if args.eager else []), check=True)
         with open(result_file.name) as handle:
             return {result.pop("rows"): result for result in map(json.loads, handle)}
 
 
-def engine_name(layout: tuple[int, int], quantization: str | None, all_reduce: str) -> str:
+def engine_name(layout: tuple[int, int], quantization: str | None) -> str:
     tensor_parallel, replicas = layout
     name = f"ember TP={tensor_parallel}" if replicas == 1 else f"ember {replicas} × TP={tensor_parallel}"
-    return " ".join(part for part in (name, quantization, all_reduce if all_reduce != "nccl" else None) if part)
-
-
-def variants(layout: tuple[int, int], args) -> list[tuple[str | None, str]]:
-    """(quantization, all-reduce) of each run of a layout: unquantised, then FP8 if asked, each with every
-    all-reduce asked for where the layout splits a replica (TP > 1)."""
-    quantizations = [None] + ([args.quantization] if args.quantization else [])
-    all_reduces = args.all_reduce if layout[0] > 1 else args.all_reduce[:1]
-    return [(quantization, all_reduce) for quantization in quantizations for all_reduce in all_reduces]
+    return f"{name} {quantization}" if quantization else name
 
 
 def print_row(shape: str, rows: int, name: str, result: dict[str, float], single: dict[str, float] | None) -> None:
@@ -243,21 +229,20 @@ def run_shape(shape: str, tokenizer, args, hf_rows: list[int]) -> None:
     """Every layout and batch size of one model shape, printed as table rows."""
     model_dir = tempfile.mkdtemp()
     build_model_dir(shape, tokenizer, model_dir, args.dtype, seed=0)
+    quantizations = [None] + ([args.quantization] if args.quantization else [])
     by_layout = {}
     for layout in args.layouts:
-        for quantization, all_reduce in variants(layout, args):
+        for quantization in quantizations:
             if layout == (1, 1):
-                by_layout[layout, quantization, all_reduce] = {
-                    rows: run_ember(model_dir, rows, 1, 1, args, quantization, all_reduce) for rows in args.rows}
+                by_layout[layout, quantization] = {rows: run_ember(model_dir, rows, 1, 1, args, quantization)
+                                                   for rows in args.rows}
             else:
-                by_layout[layout, quantization, all_reduce] = launch_layout(layout, model_dir, args, quantization,
-                                                                            all_reduce)
+                by_layout[layout, quantization] = launch_layout(layout, model_dir, args, quantization)
     for rows in args.rows:
-        single = by_layout.get(((1, 1), None, args.all_reduce[0]), {}).get(rows)
+        single = by_layout.get(((1, 1), None), {}).get(rows)
         for layout in args.layouts:
-            for quantization, all_reduce in variants(layout, args):
-                print_row(shape, rows, engine_name(layout, quantization, all_reduce),
-                          by_layout[layout, quantization, all_reduce][rows], single)
+            for quantization in quantizations:
+                print_row(shape, rows, engine_name(layout, quantization), by_layout[layout, quantization][rows], single)
         if rows in hf_rows:
             rollout = HFRollout.from_pretrained(model_dir, pad_token_id=tokenizer.pad_token_id, device=current_device(),
                                                 dtype=args.dtype)
@@ -292,10 +277,7 @@ def main() -> None:
                         help="write each ember row's decode-step kernel times (torch profiler) to DIR")
     parser.add_argument("--worker-layout", type=parse_layout, help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)  # inside a layout's launch: the shape, for --profile
-    parser.add_argument("--all-reduce", nargs="+", choices=ALL_REDUCES, default=["nccl"],
-                        help="how TP>1 layouts sum their blocks' partials: one run per value (default nccl)")
     parser.add_argument("--worker-quantization", choices=["fp8"], default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--worker-all-reduce", choices=ALL_REDUCES, default="nccl", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--result-file", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -14,9 +14,6 @@ import torch
 
 from ember.inference.models.fp8 import QUANTIZATIONS
 
-ALL_REDUCES = ("nccl", "symm_mem")
-"""How a tensor-parallel replica sums its blocks' partials (`EngineConfig.all_reduce`)."""
-
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -50,9 +47,6 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     """Ranks one model replica is split over (rollout.tensor_model_parallel_size): consecutive ranks of the
     process group, each holding its share of the heads and MLP width (`ember/inference/tensor_parallel.py`)."""
-    all_reduce: str = "nccl"
-    """How a tensor-parallel replica sums each block's partials: "nccl", or "symm_mem" (PyTorch's symmetric memory,
-    one-shot, for a decode step's small sums; `tensor_parallel.SymmetricAllReduce`). Ignored at size 1."""
     fuse_projections: bool | None = None
     """Compute q/k/v and gate/up as one matrix product each (fewer kernels per step); None = on CUDA only.
     Fused weights are the engine's own: a training engine's live tensors fill them by copy, not by sharing."""
@@ -78,8 +72,6 @@ class EngineConfig:
             )
         if self.quantization not in (None, *QUANTIZATIONS):
             raise ValueError(f"engine quantization={self.quantization!r}: use one of {QUANTIZATIONS} or None")
-        if self.all_reduce not in ALL_REDUCES:
-            raise ValueError(f"engine all_reduce={self.all_reduce!r}: use one of {ALL_REDUCES}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(
                 f"engine gpu_memory_utilization={self.gpu_memory_utilization}: set a fraction in (0, 1]"

@@ -74,7 +74,7 @@ class LLMEngine:
         self.device = torch.device(config.device)
         # A decode window may run a finished sequence a few positions past max_model_len.
         fuse = config.fuse_projections if config.fuse_projections is not None else self.device.type == "cuda"
-        self.tensor_parallel = replica_group(config.tensor_parallel_size).with_all_reduce(config.all_reduce, self.device)
+        self.tensor_parallel = replica_group(config.tensor_parallel_size)
         self.model = build_model(hf_config, config.max_model_len + config.decode_window, config.dtype, self.device, fuse,
                                  self.tensor_parallel, config.quantization)
         load_weights(self.model, named_tensors, require_all=True)

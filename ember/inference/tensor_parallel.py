@@ -14,18 +14,11 @@ KV-cache size). Which part of each weight a rank holds is `models/weight_shards.
 
 A group is `size` consecutive ranks of the current process group; `replica_group` makes every
 replica's group (a collective call: every rank of the pool calls it, in the same order).
-
-The blocks' all-reduces go through NCCL, or (`EngineConfig.all_reduce="symm_mem"`, on CUDA) through a
-buffer in PyTorch's symmetric memory that every rank of the group reads directly (one-shot: each rank sums
-all peers' partials itself), for messages up to `SYMMETRIC_BYTES` (a decode step's; a prefill's larger
-sums stay on NCCL). A decode step at TP=2 makes two all-reduces per layer, each a few hundred kilobytes:
-their latency, not their bytes, is what they cost.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -34,34 +27,6 @@ from torch import Tensor
 from ember.errors import UserError
 
 SIZE_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
-SYMMETRIC_BYTES = 8 * 2**20
-"""Largest fp32 partial sum the symmetric-memory path takes (512 decode rows of a 4096-wide model)."""
-
-logger = logging.getLogger(__name__)
-
-
-class SymmetricAllReduce:
-    """fp32 sums over a group through one symmetric-memory buffer: a partial is copied in, and each rank reads
-    every peer's copy and adds them up (torch's one-shot all-reduce kernel; it runs inside CUDA graphs)."""
-
-    def __init__(self, group, device: torch.device) -> None:
-        import torch.distributed._symmetric_memory as symmetric_memory
-
-        self.capacity = SYMMETRIC_BYTES // 4
-        self.group_name = group.group_name
-        enable = getattr(symmetric_memory, "enable_symm_mem_for_group", None)
-        if enable is not None:  # needed before torch 2.9, deprecated after
-            enable(self.group_name)
-        self.buffer = symmetric_memory.empty(self.capacity, dtype=torch.float32, device=device)
-        symmetric_memory.rendezvous(self.buffer, self.group_name)
-
-    def fits(self, tensor: Tensor) -> bool:
-        return tensor.numel() <= self.capacity
-
-    def __call__(self, partial: Tensor) -> Tensor:
-        staged = self.buffer[: partial.numel()]
-        staged.copy_(partial.reshape(-1))
-        return torch.ops.symm_mem.one_shot_all_reduce(staged, "sum", self.group_name).view(partial.shape)
 
 
 @dataclass(frozen=True)
@@ -71,7 +36,6 @@ class TensorParallel:
     size: int = 1
     rank: int = 0
     group: object | None = None
-    symmetric: SymmetricAllReduce | None = None  # the symmetric-memory path for small sums, if set up
 
     def all_reduce(self, tensor: Tensor) -> Tensor:
         """The sum of `tensor` over the group, in place (nothing at size 1)."""
@@ -85,24 +49,8 @@ class TensorParallel:
         if self.size == 1:
             return partial.to(dtype)
         summed = partial.float()
-        if self.symmetric is not None and self.symmetric.fits(summed):
-            return self.symmetric(summed).to(dtype)
         dist.all_reduce(summed, group=self.group)
         return summed.to(dtype)
-
-    def with_all_reduce(self, kind: str, device: torch.device) -> "TensorParallel":
-        """This group with its block sums through `kind` ("nccl" or "symm_mem"); "symm_mem" falls back to NCCL,
-        with a warning, where symmetric memory cannot be set up (not CUDA, no peer access between the GPUs)."""
-        if kind == "nccl" or self.size == 1:
-            return self
-        if device.type != "cuda":
-            logger.warning("all_reduce=symm_mem needs CUDA devices; %s uses NCCL/gloo", device)
-            return self
-        try:
-            return replace(self, symmetric=SymmetricAllReduce(self.group, device))
-        except (RuntimeError, ImportError, AttributeError) as error:
-            logger.warning("symmetric memory could not be set up (%s); the engine's all-reduces use NCCL", error)
-            return self
 
     def all_gather_last_dim(self, tensor: Tensor) -> Tensor:
         """Every rank's `tensor` side by side along the last dimension, in rank order (`tensor` at size 1)."""

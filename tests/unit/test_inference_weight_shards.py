@@ -2,7 +2,7 @@
 blocks of column- and row-parallel layers, a key-value head shared by several ranks, the fused expert
 gate/up halves, padded vocabulary rows, row-parallel biases counted once; a weight already cut to this
 rank's part is taken as it is, and one of another split is refused naming it; the sizes each rank builds,
-and models the ranks cannot split refused naming the key; how a split replica sums its blocks is chosen by name."""
+and models the ranks cannot split refused naming the key."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from ember.errors import UserError
-from ember.inference.config import EngineConfig
 from ember.inference.models.decoder import DecoderForCausalLM
 from ember.inference.models.weight_shards import WeightShards, padded_vocab_size
 from ember.inference.tensor_parallel import TensorParallel
@@ -106,14 +105,3 @@ def test_four_ranks_split_a_moe_model_and_share_its_two_key_value_heads():
     assert model.num_kv_heads == 1 and layer.self_attn.num_heads == 1
     assert layer.mlp.experts.gate_up_proj.shape == (2, 16, 64) and layer.mlp.shared_expert.up_proj.out_features == 16
     assert model.lm_head.weight.shape == (3, 64) and model.model.embed_tokens.first_row == 9
-
-
-def test_the_symmetric_memory_all_reduce_is_asked_for_by_name_and_falls_back_to_nccl_off_cuda(caplog):
-    with pytest.raises(ValueError, match="use one of"):
-        EngineConfig(all_reduce="ring")
-    group = TensorParallel(size=2)
-    assert group.with_all_reduce("nccl", torch.device("cpu")) is group
-    assert TensorParallel().with_all_reduce("symm_mem", torch.device("cpu")).symmetric is None  # size 1: nothing to sum
-    with caplog.at_level("WARNING"):
-        fallen_back = group.with_all_reduce("symm_mem", torch.device("cpu"))
-    assert fallen_back.symmetric is None and "needs CUDA" in caplog.text
