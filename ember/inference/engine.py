@@ -327,6 +327,15 @@ class LLMEngine:
         address are dropped if it moved (re-captured on first use)."""
         if not self.kv_cache.is_allocated:
             empty_cache()  # what training left cached goes back first, so the cache can return where it was
-        self.kv_cache.allocate()
+        try:
+            self.kv_cache.allocate()
+        except torch.OutOfMemoryError as error:
+            free = torch.accelerator.get_memory_info(self.device)[0] if self.device.type != "cpu" else 0
+            raise RuntimeError(
+                f"the KV cache ({self.kv_cache.nbytes / 2**30:.1f} GiB, sized when the engine was built) no longer fits "
+                f"at wake-up: {free / 2**30:.1f} GiB is free on {self.device} (training holds more than it did then, "
+                "e.g. the optimizer's state made at the first update): lower "
+                "actor_rollout_ref.rollout.gpu_memory_utilization, or offload the actor between phases "
+                "(fsdp_config.param_offload / optimizer_offload)") from error
         if self.decoder.kv_address not in (None, self.kv_cache.address):
             self.decoder.drop_graphs()

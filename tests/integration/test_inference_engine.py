@@ -258,6 +258,17 @@ def test_captured_graphs_survive_sleep_only_when_the_cache_comes_back_at_the_sam
     assert not decoder.graphs and decoder.graph_pool_bytes == 0
 
 
+def test_a_cache_that_no_longer_fits_at_wake_up_names_the_settings_to_change(monkeypatch):
+    engine = engine_for(tiny_model("llama"))
+    engine.free_kv_cache()
+
+    def out_of_memory():
+        raise torch.OutOfMemoryError("CUDA out of memory")
+    monkeypatch.setattr(engine.kv_cache, "allocate", out_of_memory)
+    with pytest.raises(RuntimeError, match="no longer fits at wake-up.*gpu_memory_utilization.*param_offload"):
+        engine.allocate_kv_cache()
+
+
 def test_fused_projections_are_filled_by_copy_when_the_rest_is_shared():
     model, source = tiny_model("qwen2", seed=0), tiny_model("qwen2", seed=1)
     engine = engine_for(model, fuse_projections=True)
