@@ -164,8 +164,9 @@ def test_a_signal_to_the_whole_process_group_leaves_the_workers_to_their_parent(
         assert manager.score(numbered_items(4)).scores == expected_scores(4)  # the workers are up
         workers = [child for child in multiprocessing.active_children() if child.name == "ember-reward-worker"]
         assert len(workers) == 2
-        for worker in workers:  # a worker still starting up has not set its handlers yet
+        for worker in workers:  # a worker still starting up has not set its handlers yet (SIGINT's first)
             wait_until_ignored(worker.pid, signal.SIGINT)
+            wait_until_ignored(worker.pid, signal.SIGTERM)
         for worker in workers:  # what `timeout`, scancel or Ctrl-C send to every process of the job
             os.kill(worker.pid, signal.SIGTERM)
             os.kill(worker.pid, signal.SIGINT)
