@@ -136,10 +136,11 @@ def write_decode_profile(generate, prompts: list[list[int]], path: str, steps: i
     rows.sort(reverse=True)
     step_us = sum(us for us, _, _ in rows)
     with open(path, "w") as handle:
-        handle.write(f"device time per decode step: {step_us:.1f} us (kernels only: gaps between kernels not counted)\n")
+        handle.write(f"device time per decode step: {step_us:.1f} us (kernels only: gaps between kernels not counted; "
+                     "a negative row ran more in the 1-token generate, work of a run rather than of a step)\n")
         handle.write(f"{'us/step':>9} {'share':>6} {'calls':>6}  kernel\n")
         for us, calls, name in rows:
-            if us > 0.05:
+            if abs(us) > 0.05:
                 handle.write(f"{us:9.1f} {100 * us / step_us:5.1f}% {calls:6.1f}  {name[:160]}\n")
 
 
