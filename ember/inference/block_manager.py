@@ -83,11 +83,9 @@ class BlockManager:
     def try_append(self, sequence: Sequence, num_tokens: int) -> bool:
         """Give `sequence` slots for its first `num_tokens` tokens if the free pool holds the blocks they need;
         whether it did."""
-        missing = self.blocks_missing(sequence, num_tokens)
-        if missing > len(self._free_blocks):
+        if self.blocks_missing(sequence, num_tokens) > self.num_free_blocks:
             return False
-        for _ in range(missing):
-            sequence.block_table.append(self._take())
+        self.append_slot(sequence, num_tokens)
         return True
 
     def append_slot(self, sequence: Sequence, num_tokens: int | None = None) -> None:

@@ -151,8 +151,7 @@ class LLMEngine:
             hf_config.hidden_size, intermediate, hf_config.vocab_size,
             self.config.max_num_batched_tokens, self.config.max_num_seqs, self.config.dtype,
         )
-        own_bytes = sum(tensor.numel() * tensor.element_size()
-                        for tensor in (*self.model.parameters(), *self.model.buffers()))
+        own_bytes = sum(tensor.nbytes for tensor in (*self.model.parameters(), *self.model.buffers()))
         fit = num_kv_blocks_for_memory(total_bytes, free_bytes, self.config.gpu_memory_utilization, block_bytes, reserved,
                                        own_bytes)
         return kv_blocks_to_allocate(*most_in_use, fit_in_memory=fit - 1)  # the trash block comes on top
