@@ -42,6 +42,9 @@ class EngineConfig:
     """Device the model and the KV cache live on ("cpu", "cuda", "cuda:1", ...)."""
     decode_window: int = 16
     """Decode steps run on the device between two scheduling rounds (a finished slot is refilled after the window)."""
+    overlap_decode: bool = True
+    """Queue each decode window behind the one running before reading that one's tokens, so the host's work
+    between windows (taking in the tokens, scheduling) overlaps the device's; off, the device waits for it."""
     use_cuda_graphs: bool = True
     """On CUDA, replay each decode step as a captured graph (rollout.enforce_eager=false); ignored elsewhere."""
     tensor_parallel_size: int = 1

@@ -10,6 +10,12 @@ blocks or of the trash block, never another sequence's). It writes the buffers w
 when the rows change: while the same sequences run on (none finished, was preempted or
 joined), it writes just the blocks they took for the next window.
 
+A window is launched (`launch`) and read (`DecodeWindow.result`) apart, so the engine can queue the next
+window before reading this one's tokens (`continuing=True`): the next window's rows then come from the rows
+this one leaves on the device (each row's newest token and position, advanced by the steps), gathered into
+place when some sequences dropped out, with the blocks taken since written behind them. Every host-to-device
+write goes through pinned memory without waiting for the device, so the host schedules while the device decodes.
+
 On CUDA each step (model forward, sampling, advancing the buffers) is one captured CUDA
 graph per padded batch size and sampling setting, replayed k times: a decode step is a
 few hundred small kernels, whose launches would otherwise cost more than the work. Rows
@@ -42,6 +48,26 @@ def graph_batch_sizes(max_num_seqs: int) -> list[int]:
         sizes += [power + power // 2, power * 2]
         power *= 2
     return [size for size in sizes if size < max_num_seqs] + [max_num_seqs]
+
+
+@dataclass
+class DecodeWindow:
+    """A launched window: `steps` tokens and log-probs for each of `sequences`, read by `result` (which waits
+    for the device only there)."""
+
+    sequences: list[Sequence]
+    steps: int
+    sampling: SamplingParams
+    tokens: torch.Tensor
+    """steps x sequences sampled tokens (in pinned host memory on CUDA, filled when `ready` has passed)."""
+    log_probs: torch.Tensor
+    ready: torch.cuda.Event | None = None
+
+    def result(self) -> tuple[list[list[int]], list[list[float]]]:
+        """Each sequence's `steps` sampled tokens and their log-probs."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.tokens.T.tolist(), self.log_probs.T.tolist()
 
 
 @dataclass(frozen=True)
@@ -101,13 +127,32 @@ class DecodeRunner:
         if self.use_cuda_graphs:  # a pool dies with its last graph: later captures need a new one
             self.graph_pool = torch.cuda.graph_pool_handle()
 
-    @torch.inference_mode()
     def run(self, sequences: list[Sequence], steps: int, sampling: SamplingParams) -> tuple[list[list[int]], list[list[float]]]:
         """`steps` sampled tokens and their log-probs for each sequence (which must hold slots for them)."""
+        return self.launch(sequences, steps, sampling).result()
+
+    def padded_rows(self, count: int) -> int:
+        """Rows a window of `count` sequences runs on: the smallest captured batch size that holds them."""
+        return next(size for size in self.batch_sizes if size >= count) if self.use_cuda_graphs else count
+
+    def can_continue(self, count: int, sampling: SamplingParams) -> bool:
+        """Whether a window of `count` of the last window's sequences can be queued behind it now: its graph is
+        captured already (a capture would overwrite the rows the last window leaves)."""
+        return not self.use_cuda_graphs or self._graph_key(self.padded_rows(count), sampling) in self.graphs
+
+    @torch.inference_mode()
+    def launch(self, sequences: list[Sequence], steps: int, sampling: SamplingParams,
+               continuing: bool = False) -> DecodeWindow:
+        """Queue a window of `steps` decode steps for `sequences` (which must hold slots for them) and return
+        it unread. `continuing`: the sequences are some of the last window's, in its order, each to go on from
+        where that window leaves it (its tokens not yet read); else their tokens are all on the host."""
         count = len(sequences)
-        padded = next(size for size in self.batch_sizes if size >= count) if self.use_cuda_graphs else count
+        padded = self.padded_rows(count)
         graph = self._graph(padded, sampling) if self.use_cuda_graphs else None
-        self._load_rows(sequences, padded, steps)
+        if continuing:
+            self._continue_rows(sequences, padded, steps)
+        else:
+            self._load_rows(sequences, padded, steps)
         # A graph reads the table at its full width (the kernel skips unused blocks); an eager step
         # gathers every block of the width it is given, so it gets only what this window can reach
         # (the longest row's length at the window's end).
@@ -121,7 +166,15 @@ class DecodeRunner:
                 self._step(padded, sampling, width)
             tokens[index].copy_(self.step_tokens[:count])
             log_probs[index].copy_(self.step_log_probs[:count])
-        return tokens.T.tolist(), log_probs.T.tolist()
+        if self.device.type != "cuda":
+            return DecodeWindow(list(sequences), steps, sampling, tokens, log_probs)
+        host_tokens = torch.empty(tokens.shape, dtype=tokens.dtype, pin_memory=True)
+        host_log_probs = torch.empty(log_probs.shape, dtype=log_probs.dtype, pin_memory=True)
+        host_tokens.copy_(tokens, non_blocking=True)
+        host_log_probs.copy_(log_probs, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return DecodeWindow(list(sequences), steps, sampling, host_tokens, host_log_probs, ready)
 
     def _step(self, rows: int, sampling: SamplingParams, width: int | None = None) -> None:
         """One decode step for the first `rows` buffer rows (block tables cut to `width` columns if given):
@@ -173,13 +226,35 @@ class DecodeRunner:
         row_inputs[0, :count] = [sequence.token_ids[-1] for sequence in sequences]
         row_inputs[1, :count] = np.array(lengths, dtype=np.int64) - 1
         row_inputs[2, :count] = [sequence.seed for sequence in sequences]
-        self.block_tables[:rows].copy_(torch.from_numpy(block_tables))
-        self.row_inputs[:, :rows].copy_(torch.from_numpy(row_inputs))
+        self.block_tables[:rows].copy_(self._to_device(block_tables))
+        self.row_inputs[:, :rows].copy_(self._to_device(row_inputs))
 
-    def _write_new_blocks(self, sequences: list[Sequence], table_lengths: np.ndarray) -> None:
+    def _continue_rows(self, sequences: list[Sequence], rows: int, steps: int) -> None:
+        """Fill the first `rows` rows for a window of `steps` steps that goes on from the last one, whose tokens
+        the host has not read: `sequences` are some of its sequences, in its order. The rows it left hold each
+        one's newest token and position: rows whose sequence dropped out are closed up on the device, padding
+        rows go back to position 0 on the trash block, and the blocks taken since are written."""
+        loaded = self.loaded
+        row_of = {id(sequence): row for row, sequence in enumerate(loaded.sequences)}
+        kept = [row_of[id(sequence)] for sequence in sequences]
+        count = len(sequences)
+        if kept != list(range(count)):
+            index = self._to_device(np.array(kept, dtype=np.int64))
+            self.row_inputs[:, :count] = self.row_inputs[:, index]
+            self.block_tables[:count] = self.block_tables[index]
+        self.row_inputs[:2, count:rows].zero_()
+        self.block_tables[count:rows].fill_(self.trash_block)
+        written = loaded.table_lengths[kept]
+        table_lengths = np.array([len(sequence.block_table) for sequence in sequences], dtype=np.int64)
+        self._write_new_blocks(sequences, table_lengths, written)
+        lengths = [loaded.lengths[row] for row in kept]
+        self.loaded = LoadedRows(list(sequences), rows, [length + steps for length in lengths], table_lengths)
+
+    def _write_new_blocks(self, sequences: list[Sequence], table_lengths: np.ndarray,
+                          written: np.ndarray | None = None) -> None:
         """Write the block-table entries each row's sequence took since its row was last written (it has
-        `table_lengths` entries now)."""
-        written = self.loaded.table_lengths
+        `table_lengths` entries now; `written` of them are in its row, by default as the last window left it)."""
+        written = self.loaded.table_lengths if written is None else written
         new_blocks = list(chain.from_iterable(
             sequence.block_table[start:] for sequence, start in zip(sequences, written.tolist())))
         if not new_blocks:
@@ -187,13 +262,22 @@ class DecodeRunner:
         counts = table_lengths - written  # new entries per row
         rank_in_row = np.arange(len(new_blocks)) - np.repeat(np.cumsum(counts) - counts, counts)
         first_new = np.arange(len(sequences)) * self.block_tables.shape[1] + written  # flat index of each row's first
-        update = torch.from_numpy(np.stack([np.repeat(first_new, counts) + rank_in_row, np.array(new_blocks)]))
-        update = update.to(self.device)
+        update = self._to_device(np.stack([np.repeat(first_new, counts) + rank_in_row, np.array(new_blocks)]))
         self.block_tables.put_(update[0], update[1])
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        """`array` on the device, copied from pinned memory without making the host wait for the device."""
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cuda":
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=True)
+
+    def _graph_key(self, rows: int, sampling: SamplingParams) -> tuple:
+        return (rows, sampling.greedy, sampling.temperature, sampling.top_k, sampling.top_p)
 
     def _graph(self, rows: int, sampling: SamplingParams) -> torch.cuda.CUDAGraph:
         """The captured step for `rows` rows and this sampling setting, captured on first use on padding rows."""
-        key = (rows, sampling.greedy, sampling.temperature, sampling.top_k, sampling.top_p)
+        key = self._graph_key(rows, sampling)
         if key not in self.graphs:
             reserved = torch.cuda.memory_reserved(self.device)
             with phase("engine/graph_capture"):

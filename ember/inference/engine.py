@@ -29,15 +29,15 @@ from ember.distributed.device import empty_cache
 from ember.inference.attention import kernels_support_head_dim
 from ember.inference.block_manager import BlockManager
 from ember.inference.config import EngineConfig
-from ember.inference.decode_runner import DecodeRunner
+from ember.inference.decode_runner import DecodeRunner, DecodeWindow
 from ember.inference.kv_cache import (KVCache, activation_reserve_bytes, kv_block_bytes, kv_blocks_to_allocate,
                                      num_kv_blocks_for_memory)
 from ember.inference.model_runner import ModelRunner
 from ember.inference.models import build_model, load_hf_config, load_weights, read_safetensors
 from ember.inference.request import INJECTION_MODES, Injection, SamplingParams
 from ember.inference.sampling import sample_next_tokens, sequence_seed
-from ember.inference.scheduler import ScheduledStep, Scheduler
-from ember.inference.sequence import Sequence
+from ember.inference.scheduler import ScheduledStep, Scheduler, slots_for_window
+from ember.inference.sequence import Sequence, SequenceStatus
 from ember.inference.tensor_parallel import replica_group
 from ember.profiling import phase
 
@@ -110,6 +110,8 @@ class LLMEngine:
             trash_block=self.num_kv_blocks,
             use_cuda_graphs=config.use_cuda_graphs and self._graph_safe(),
         )
+        self._queued: DecodeWindow | None = None
+        """The decode window queued on the device behind the last one read: the next step's (see `step`)."""
 
     def _graph_safe(self) -> bool:
         """Whether a decode step can be captured: attention must run in the Triton kernel (the gathered
@@ -206,20 +208,60 @@ class LLMEngine:
 
     def step(self, sampling: SamplingParams) -> list[Sequence]:
         """One engine step (a prefill, or a window of decode steps) sampled with `sampling` (its n, seed and
-        max_new_tokens are the submitted sequences' own); the sequences that finished in it."""
+        max_new_tokens are the submitted sequences' own); the sequences that finished in it.
+
+        A decode window's tokens are read only after the next window is queued behind it on the device (when
+        nothing waits to be prefilled and the same sequences run on), so the device decodes while the host takes
+        in the tokens; that queued window is the next step's. Its rows of sequences that finished meanwhile are
+        discarded."""
         if not self.kv_cache.is_allocated:
             raise RuntimeError("LLMEngine.step called after free_kv_cache: call allocate_kv_cache first")
         stop_token_ids = set() if sampling.ignore_eos else set(sampling.stop_token_ids)
-        step = self.scheduler.schedule(lookahead=self.config.decode_window)
-        if step.is_prefill:
-            with phase("engine/prefill"):
-                tokens, log_probs = self._prefill(step, sampling)
-        else:
+        if self._queued is not None and self._queued.sampling != sampling:
+            self._drop_queued()  # queued for other sampling settings: its tokens are drawn again
+        window, self._queued = self._queued, None
+        if window is None:
+            step = self.scheduler.schedule(lookahead=self.config.decode_window)
+            if step.is_prefill:
+                with phase("engine/prefill"):
+                    tokens, log_probs = self._prefill(step, sampling)
+                return self._accept(step.sequences, tokens, log_probs, stop_token_ids)
             running = step.decode_sequences
             steps = min(self.config.decode_window, max(s.max_new_tokens - s.num_generated for s in running))
             with phase("engine/decode"):
-                tokens, log_probs = self.decoder.run(running, steps, sampling)
-        return self._accept(step.sequences, tokens, log_probs, stop_token_ids)
+                window = self.decoder.launch(running, steps, sampling)
+        with phase("engine/decode"):
+            self._queued = self._queue_next(window, sampling)
+            tokens, log_probs = window.result()
+        finished = self._accept(window.sequences, tokens, log_probs, stop_token_ids)
+        if self._queued is not None and all(s.status is SequenceStatus.FINISHED for s in self._queued.sequences):
+            self._queued = None  # every sequence it decodes stopped in this window
+        return finished
+
+    def _queue_next(self, window: DecodeWindow, sampling: SamplingParams) -> DecodeWindow | None:
+        """The window after `window` (launched, not read), queued behind it on the device for the sequences that
+        still run and have tokens left after it; None where the next step may be something else: prompts wait to
+        be prefilled, a sequence would be preempted, or the rows' graph is not captured yet."""
+        scheduler = self.scheduler
+        if not self.config.overlap_decode or scheduler.waiting or scheduler.partial is not None:
+            return None
+        if len(scheduler.running) != sum(s.status is SequenceStatus.RUNNING for s in window.sequences):
+            return None  # a running sequence is not in this window
+        going_on = [s for s in window.sequences if s.status is SequenceStatus.RUNNING
+                    and s.max_new_tokens - s.num_generated > window.steps]
+        if not going_on or not self.decoder.can_continue(len(going_on), sampling):
+            return None
+        steps = min(self.config.decode_window, max(s.max_new_tokens - s.num_generated for s in going_on) - window.steps)
+        for sequence in going_on:
+            if not self.block_manager.try_append(sequence, slots_for_window(sequence, steps, ahead=window.steps)):
+                return None  # the blocks taken stay with their sequences: its next window needs them anyway
+        return self.decoder.launch(going_on, steps, sampling, continuing=True)
+
+    def _drop_queued(self) -> None:
+        """Forget the queued window (its rows are written whole next time), once the device has finished it."""
+        if self._queued is not None:
+            self._queued.result()
+            self._queued = None
 
     def _prefill(self, step: ScheduledStep, sampling: SamplingParams) -> tuple[list[list[int]], list[list[float]]]:
         """Prefill the step's prompts and draw each sequence's next token: one token and log-prob per sequence."""
@@ -239,6 +281,8 @@ class LLMEngine:
         the sequences finished."""
         finished = []
         for sequence, new_tokens, new_log_probs in zip(sequences, tokens, log_probs, strict=True):
+            if sequence.status is SequenceStatus.FINISHED:
+                continue  # a queued window's row of a sequence that stopped in the window before
             budget = sequence.max_new_tokens - sequence.num_generated
             kept, reason = min(len(new_tokens), budget), "length"
             stop = first_stop(new_tokens, kept, stop_token_ids)
@@ -299,6 +343,7 @@ class LLMEngine:
         taken as the model's own storage where shape, dtype and device match (no copy). Under tensor
         parallelism each tensor may be whole or already this rank's part; each rank keeps its part
         (`models/weight_shards.py`), so a whole model never needs to be sent at once: send it in buckets."""
+        self._drop_queued()
         if load_weights(self.model, named_tensors, require_all=False, share=share):
             self.decoder.drop_graphs()  # captured graphs read the old weights' memory
 

@@ -229,11 +229,12 @@ class Scheduler:
             self.block_manager.free(sequence)
 
 
-def slots_for_window(sequence: Sequence, steps: int) -> int:
-    """Tokens of `sequence` that need KV slots for a window of `steps` decode steps.
+def slots_for_window(sequence: Sequence, steps: int, ahead: int = 0) -> int:
+    """Tokens of `sequence` that need KV slots for a window of `steps` decode steps, after `ahead` tokens that a
+    window before it samples (not yet appended).
 
     Step i feeds the token at position len - 1 + i, so the window writes positions up to
     len + steps - 2; a sequence never feeds its last allowed token (prompt + max_new_tokens - 1).
     """
-    length, last_useful = len(sequence.token_ids), sequence.prompt_length + sequence.max_new_tokens - 1
+    length, last_useful = len(sequence.token_ids) + ahead, sequence.prompt_length + sequence.max_new_tokens - 1
     return max(length, min(length + steps - 1, last_useful))
