@@ -43,14 +43,15 @@ class TensorParallel:
             dist.all_reduce(tensor, group=self.group)
         return tensor
 
-    def sum_partials(self, partial: Tensor, dtype: torch.dtype) -> Tensor:
-        """A block's output from this rank's partial sum of it: summed over the group in fp32 and rounded to
-        `dtype` once (at size 1, `partial` in `dtype`)."""
+    def sum_partials(self, partial: Tensor) -> Tensor:
+        """A block's output from this rank's partial sum of it: summed over the group in float32 (`partial` itself
+        at size 1). It is rounded to the activations' dtype once, where it joins the residual stream
+        (`layers.add_rms_norm`: one kernel with the add and the norm, no separate cast)."""
         if self.size == 1:
-            return partial.to(dtype)
+            return partial
         summed = partial.float()
         dist.all_reduce(summed, group=self.group)
-        return summed.to(dtype)
+        return summed
 
     def all_gather_last_dim(self, tensor: Tensor) -> Tensor:
         """Every rank's `tensor` side by side along the last dimension, in rank order (`tensor` at size 1)."""

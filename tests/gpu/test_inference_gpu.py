@@ -77,6 +77,12 @@ def test_norm_and_swiglu_kernels_equal_their_pytorch_references(dtype, rows):
     normed, summed = rms_norm(states, weight, 1e-5, residual=residual)
     torch.testing.assert_close(summed, states + residual, atol=0, rtol=0)
     torch.testing.assert_close(normed, _rms_norm(states + residual, weight, 1e-5), **tolerance)
+    # a tensor-parallel block's float32 sum joins the residual: rounded to its dtype first, in the same kernel
+    block_sum = torch.randn(rows, 576, device="cuda", dtype=torch.float32)
+    normed, summed = rms_norm(block_sum, weight, 1e-5, residual=residual)
+    assert summed.dtype == normed.dtype == dtype
+    torch.testing.assert_close(summed, block_sum.to(dtype) + residual, atol=0, rtol=0)
+    torch.testing.assert_close(normed, _rms_norm(block_sum.to(dtype) + residual, weight, 1e-5), **tolerance)
     gate_up = torch.randn(rows, 2 * 4864, device="cuda", dtype=dtype)
     gate, up = gate_up.chunk(2, dim=-1)  # strided halves, as the fused projection gives them
     torch.testing.assert_close(silu_and_mul(gate, up), F.silu(gate) * up, **tolerance)

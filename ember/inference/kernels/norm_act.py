@@ -29,7 +29,8 @@ def _rms_norm_kernel(states_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr, 
     activation_type = states.dtype
     if HAS_RESIDUAL:
         residual = tl.load(residual_ptr + row * residual_stride + offsets, mask=valid, other=0.0)
-        states = (states.to(tl.float32) + residual.to(tl.float32)).to(activation_type)
+        activation_type = residual.dtype  # float32 states (a tensor-parallel block's sum) are rounded to it first
+        states = (states.to(activation_type).to(tl.float32) + residual.to(tl.float32)).to(activation_type)
         tl.store(summed_ptr + row * summed_stride + offsets, states, mask=valid)
     as_float = states.to(tl.float32)
     mean_square = tl.sum(as_float * as_float, axis=0) / columns
@@ -41,16 +42,19 @@ def _rms_norm_kernel(states_ptr, residual_ptr, weight_ptr, out_ptr, summed_ptr, 
 
 def rms_norm(states: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
     """(weight * rmsnorm(x), x) with x = states (+ residual) over the last dim of (..., hidden) tensors; the second
-    item is the sum, None without a residual. The output's dtype is PyTorch's promotion of weight and states."""
+    item is the sum, None without a residual. With a residual, states of another dtype (a tensor-parallel block's
+    float32 sum) are rounded to the residual's before the add. The output's dtype is PyTorch's promotion of
+    weight and the activations (the residual's dtype, else the states')."""
     hidden = states.shape[-1]
+    activations = residual if residual is not None else states
     if states.numel() == 0:
-        summed = states + residual if residual is not None else None
-        return torch.empty(states.shape, dtype=torch.result_type(weight, states), device=states.device), summed
+        summed = states.to(residual.dtype) + residual if residual is not None else None
+        return torch.empty(states.shape, dtype=torch.result_type(weight, activations), device=states.device), summed
     rows = states.reshape(-1, hidden)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    out = torch.empty(rows.shape, dtype=torch.result_type(weight, states), device=states.device)
-    summed = torch.empty_like(rows) if residual is not None else None
+    out = torch.empty(rows.shape, dtype=torch.result_type(weight, activations), device=states.device)
+    summed = torch.empty(rows.shape, dtype=residual.dtype, device=rows.device) if residual is not None else None
     residual_rows = residual.reshape(-1, hidden).contiguous() if residual is not None else rows
     _rms_norm_kernel[(rows.shape[0],)](
         rows, residual_rows, weight, out, summed if summed is not None else out,

@@ -168,9 +168,9 @@ class DecoderLayer(nn.Module):
             residual, normed = states, self.input_layernorm(states)
         else:
             normed, residual = self.input_layernorm.add_and_norm(states, residual)
-        attended = self.tensor_parallel.sum_partials(self.self_attn(normed, positions, kv_cache, inputs), normed.dtype)
+        attended = self.tensor_parallel.sum_partials(self.self_attn(normed, positions, kv_cache, inputs))
         normed, residual = self.post_attention_layernorm.add_and_norm(attended, residual)
-        return self.tensor_parallel.sum_partials(self.mlp(normed), normed.dtype), residual
+        return self.tensor_parallel.sum_partials(self.mlp(normed)), residual
 
 
 class DecoderBody(nn.Module):

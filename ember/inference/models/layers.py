@@ -38,12 +38,14 @@ def rms_norm(states: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def add_rms_norm(states: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    """(rms_norm(states + residual), states + residual): a block's output joins the residual stream and is normed."""
+    """(rms_norm(states + residual), states + residual): a block's output joins the residual stream and is normed.
+    States of another dtype than the residual (a tensor-parallel block's float32 sum) are rounded to it first, in
+    the same kernel on CUDA."""
     if states.is_cuda:
         from ember.inference.kernels import norm_act
 
         return norm_act.rms_norm(states, weight, eps, residual=residual)
-    summed = states + residual
+    summed = states.to(residual.dtype) + residual
     return _rms_norm(summed, weight, eps), summed
 
 
