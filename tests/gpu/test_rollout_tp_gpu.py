@@ -5,11 +5,13 @@ log-probs. The split engine's decode steps are CUDA graphs with the NCCL collect
 
 The two compute the same hidden states up to the last bit (each block's fp32 partial sums all-reduced, then
 rounded to bf16 once), so a near-tie can still flip a token late in a long answer; trained weights make that
-rare. Each answer must agree on its first 16 tokens, log-probs there within 0.13 nats, and at least 80% of the
-answers must agree whole. The logits are bf16: one step of a logit is 0.0625 between 8 and 16 and 0.125 between
-16 and 32, and hidden states a last bit apart round some logits a step apart: at TP=3 on H100s the largest
-difference was 0.069 nats on one host and 0.126 on another (one step of a logit above 16, plus the log-softmax's
-own rounding). The models come as in test_real_model_gpu.py:
+rare. Each answer must agree on its first 16 tokens and at least 80% of the answers must agree whole. Log-probs,
+wherever the answers agree: each within 0.25 nats, and 0.01 on average. The logits are bf16: one step of a logit
+is 0.0625 between 8 and 16 and 0.125 between 16 and 32, and hidden states a last bit apart round some logits a
+step apart, the sampled token's and the largest (which sets the log-sum-exp) each by up to one step: two steps
+at most. At TP=3 on H100s single tokens differed by 0.069, 0.126 and 0.136 nats on three hosts (a 0.1 and then a
+0.13 bound failed); a wrong shard or head would move every log-prob, which the mean bound catches. The models come
+as in test_real_model_gpu.py:
 
     python -m pytest tests/gpu/test_rollout_tp_gpu.py --gguf /models/SmolLM2-135M-Instruct-Q4_1.gguf
 """
@@ -30,7 +32,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(torch.cuda.device_count() < 2,
 
 WORKER = Path(__file__).with_name("rollout_tp_gpu_worker.py")
 PREFIX = 16
-TOLERANCE = 0.13  # one bf16 step of a logit below 32 (0.125), and the log-softmax's rounding
+TOLERANCE = 0.25  # two bf16 steps of a logit below 32 (the sampled token's and the log-sum-exp's largest)
+MEAN_TOLERANCE = 0.01
 
 
 def smallest_split(config: dict, devices: int) -> int | None:
@@ -58,12 +61,15 @@ def test_the_engine_split_over_several_gpus_generates_what_the_whole_engine_does
     for name in ("greedy", "sampled"):
         whole, split = result["whole"][name], result["split"][name]
         assert len(whole) == len(split) > 0
-        identical = 0
+        identical, differences = 0, []
         for (tokens, log_probs), (expected, expected_log_probs) in zip(split, whole):
             assert tokens[:PREFIX] == expected[:PREFIX], (name, tokens, expected)
             agree = next((i for i, (a, b) in enumerate(zip(tokens, expected)) if a != b), min(len(tokens), len(expected)))
-            torch.testing.assert_close(torch.tensor(log_probs[:agree]), torch.tensor(expected_log_probs[:agree]),
-                                       atol=TOLERANCE, rtol=0)
+            differences += (torch.tensor(log_probs[:agree]) - torch.tensor(expected_log_probs[:agree])).abs().tolist()
             identical += tokens == expected
-        print(f"{name}: {identical}/{len(whole)} answers identical at rollout TP={size}")
+        differences = torch.tensor(differences)
+        print(f"{name}: {identical}/{len(whole)} answers identical at rollout TP={size}; |log-prob difference| over "
+              f"{len(differences)} tokens: mean {differences.mean():.5f}, max {differences.max():.4f}, "
+              f"{int((differences > 0).sum())} nonzero")
         assert identical >= 0.8 * len(whole), name
+        assert differences.max() <= TOLERANCE and differences.mean() <= MEAN_TOLERANCE, name
