@@ -131,7 +131,14 @@ class RayWorkerGroup:
                            "LOCAL_WORLD_SIZE": str(pool.gpus_per_node), "MASTER_ADDR": master_address,
                            "MASTER_PORT": str(master_port)}
             builds.append(host_actor.build.remote(environment, factory, args, kwargs))
-        self._gather(ray, builds, "build")
+        self._building: Pending | None = Pending(lambda: self._gather(ray, builds, "build"))
+
+    def wait_until_built(self) -> None:
+        """Wait for every rank's worker object (the builds run from `__init__` on, so pools on separate GPUs
+        build at the same time); the first call on the group waits for them too. A failed build raises here."""
+        if self._building is not None:
+            building, self._building = self._building, None
+            building.wait()
 
     def start_all(self, method: str, *args: Any, **kwargs: Any) -> Pending:
         return self.start_each(method, [(args, kwargs)] * self.world_size)
@@ -139,6 +146,7 @@ class RayWorkerGroup:
     def start_each(self, method: str, per_rank: Sequence[tuple[tuple, dict]]) -> Pending:
         import ray
 
+        self.wait_until_built()
         if len(per_rank) != self.world_size:
             raise ValueError(f"{self.name}.{method}: {len(per_rank)} argument sets for {self.world_size} ranks")
         futures = [host.call.remote(method, args, kwargs) for host, (args, kwargs) in zip(self._hosts, per_rank)]

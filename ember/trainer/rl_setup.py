@@ -303,9 +303,11 @@ def build_worker_groups(cfg: EmberConfig, total_steps: int, use_ray: bool | None
         return {role: group for role in roles}
     options = start_ray(cfg.ray_init, placement, wants_gpus=cfg.trainer.device != "cpu")
     groups = {}
-    for pool, roles in layout:
+    for pool, roles in layout:  # each pool's workers start building at once: split pools build side by side
         group = RayWorkerGroup(pool, RankWorker, cfg, roles, total_steps, options=options)
         groups.update({role: group for role in roles})
+    for group in {id(group): group for group in groups.values()}.values():
+        group.wait_until_built()
     return groups
 
 

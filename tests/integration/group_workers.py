@@ -46,3 +46,18 @@ class SumWorker:
         if dist.get_rank() == rank:
             return 0.0
         return self.all_reduce(1.0)
+
+
+class SlowBuildWorker:
+    """Takes `seconds` to build (as an engine's imports and model do) and remembers when; fails to build on
+    `fail_rank`."""
+
+    def __init__(self, seconds: float, fail_rank: int | None = None):
+        start = time.time()
+        if int(os.environ["RANK"]) == fail_rank:
+            raise ValueError(f"planted build failure on rank {fail_rank}")
+        time.sleep(seconds)
+        self.stamps = (start, time.time())
+
+    def build_stamps(self) -> tuple[float, float]:
+        return self.stamps

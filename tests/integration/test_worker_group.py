@@ -36,6 +36,26 @@ def test_split_pools_work_at_the_same_time(local_ray):
         critic.shutdown()
 
 
+def test_split_pools_build_at_the_same_time_and_a_failed_build_names_its_rank(local_ray):
+    from group_workers import SlowBuildWorker
+
+    actor = RayWorkerGroup(Pool("actor", 1, 1), SlowBuildWorker, 2.0, options=CPU_WORKERS)
+    rollout = RayWorkerGroup(Pool("rollout", 1, 1, first_gpu=1), SlowBuildWorker, 2.0, options=CPU_WORKERS)
+    broken = RayWorkerGroup(Pool("critic", 2, 1, first_gpu=2), SlowBuildWorker, 0.0, 1, options=CPU_WORKERS)
+    try:
+        actor.wait_until_built()
+        rollout.wait_until_built()
+        (actor_start, actor_end), = actor.run_all("build_stamps")
+        (rollout_start, rollout_end), = rollout.run_all("build_stamps")
+        assert rollout_start < actor_end and actor_start < rollout_end  # the second pool did not wait for the first
+        with pytest.raises(WorkerError) as error:
+            broken.run_all("build_stamps")  # the first call waits for the build, which failed
+        assert "critic rank 1 failed in build" in str(error.value) and "planted build failure" in str(error.value)
+    finally:
+        for group in (actor, rollout, broken):
+            group.shutdown()
+
+
 def test_a_worker_that_raises_fails_the_call_with_its_rank_and_traceback(local_ray):
     from group_workers import SumWorker
 
