@@ -35,7 +35,6 @@ from ember.inference.attention import AttentionInputs
 from ember.inference.kv_cache import KVCache
 from ember.inference.models.decoder import DecoderForCausalLM
 from ember.inference.request import SamplingParams
-from ember.inference.sampling import sample_next_tokens
 from ember.inference.sequence import Sequence
 from ember.profiling import phase
 
@@ -191,7 +190,7 @@ class DecodeRunner:
             is_decode=True,
         )
         hidden = self.model(token_ids, positions, self.kv_cache.layers, inputs)
-        next_tokens, log_probs = sample_next_tokens(self.model.logits(hidden), sampling, self.seeds[:rows], positions + 1)
+        next_tokens, log_probs = self.model.sample(hidden, sampling, self.seeds[:rows], positions + 1)
         self.step_tokens[:rows].copy_(next_tokens)
         self.step_log_probs[:rows].copy_(log_probs)
         token_ids.copy_(next_tokens)

@@ -59,9 +59,10 @@ def row_keys(seeds: Tensor, positions: Tensor) -> Tensor:
     return mix32((seeds.long() & MASK32) ^ mix32(positions.long() & MASK32))
 
 
-def gumbel_noise(keys: Tensor, vocab_size: int) -> Tensor:
-    """(rows, vocab) float32 Gumbel(0, 1) noise, a pure function of each row's key and the vocabulary index."""
-    spread = _mul32(torch.arange(vocab_size, device=keys.device, dtype=torch.long), GOLDEN32)
+def gumbel_noise(keys: Tensor, vocab_size: int, first: int = 0) -> Tensor:
+    """(rows, vocab_size) float32 Gumbel(0, 1) noise, a pure function of each row's key and the vocabulary index
+    (entries `first` .. `first + vocab_size - 1`: a tensor-parallel rank's rows of the vocabulary)."""
+    spread = _mul32(torch.arange(first, first + vocab_size, device=keys.device, dtype=torch.long), GOLDEN32)
     return gumbel_from_hashes(mix32(keys[:, None] ^ spread[None, :]))
 
 

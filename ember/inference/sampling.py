@@ -14,7 +14,10 @@ The log-prob returned with a token is log_softmax(raw_logits / temperature) at t
 rollout records it with these functions too), not the log-prob under the truncated distribution.
 
 On CUDA one Triton kernel (`kernels/sample.py`) reads each logits row once for the noise,
-the argmax and the log-softmax; elsewhere the same hash runs in PyTorch.
+the argmax and the log-softmax; elsewhere the same hash runs in PyTorch. A part of the vocabulary (a
+tensor-parallel rank's rows) gives partials instead (`vocab_partials`: the best noisy score, its index and
+logit, the log-sum-exp's max and sum), and partials of all parts combine into the draw from the whole
+(`tokens_from_partials`), as at one rank.
 """
 
 from __future__ import annotations
@@ -92,3 +95,42 @@ def sample_next_tokens(logits: Tensor, sampling: SamplingParams, seeds: Tensor, 
         scores = truncated_scores(logits, sampling.temperature, sampling.top_k, sampling.top_p)
         tokens = (scores + gumbel_noise(row_keys(seeds, positions), logits.shape[-1])).argmax(dim=-1)
     return tokens, token_log_probs(logits, tokens, log_temperature)
+
+
+def vocab_partials(logits: Tensor, sampling: SamplingParams, seeds: Tensor, positions: Tensor, first: int,
+                   columns: int | None = None) -> Tensor:
+    """The untruncated draw's partials over vocabulary entries `first` .. `first + columns - 1`, held by the
+    first `columns` columns (default: all) of `logits` (rows, width): (rows, 5, chunks) float32, the fields of
+    `kernels.sample.PARTIAL_FIELDS` (one chunk off CUDA). Top-k / top-p need the whole vocabulary: not here."""
+    log_temperature = log_prob_temperature(sampling)
+    if logits.is_cuda:
+        from ember.inference.kernels.sample import sample_partials
+
+        if sampling.greedy:
+            return sample_partials(logits, logits, None, None, 1.0, log_temperature, first, columns)
+        return sample_partials(logits, logits, seeds, positions, 1.0 / sampling.temperature, log_temperature, first,
+                               columns)
+    logits = logits[:, :columns].float()
+    scaled = logits / log_temperature
+    scores = logits if sampling.greedy else (
+        logits / sampling.temperature + gumbel_noise(row_keys(seeds, positions), logits.shape[-1], first))
+    index = scores.argmax(dim=-1, keepdim=True)  # the first of equal ones
+    largest = scaled.max(dim=-1, keepdim=True).values
+    fields = [scores.gather(-1, index), (index + first).float(), largest, (scaled - largest).exp().sum(-1, keepdim=True),
+              scaled.gather(-1, index)]
+    return torch.stack(fields, dim=1)
+
+
+def tokens_from_partials(partials: Tensor) -> tuple[Tensor, Tensor]:
+    """(tokens, log-probs), both (rows,), from partials (rows, 5, chunks) of the whole vocabulary in its order
+    (`vocab_partials` of its parts, side by side): the best chunk's entry (the earliest of equal ones), and its
+    scaled logit minus the log-sum-exp of all."""
+    if partials.is_cuda:
+        from ember.inference.kernels.sample import combine_partials
+
+        return combine_partials(partials)
+    best, index, maxes, sums, chosen = partials.unbind(1)
+    winner = best.argmax(dim=-1, keepdim=True)
+    largest = maxes.max(dim=-1, keepdim=True).values
+    total = (sums * (maxes - largest).exp()).sum(-1)
+    return index.gather(-1, winner)[:, 0].long(), chosen.gather(-1, winner)[:, 0] - largest[:, 0] - total.log()

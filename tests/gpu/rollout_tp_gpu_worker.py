@@ -21,7 +21,9 @@ def generate(model_dir: str, prompts: list[list[int]], stop: list[int], tensor_p
         tensor_parallel_size=tensor_parallel_size))
     samplings = {"greedy": SamplingParams(do_sample=False, max_new_tokens=NEW_TOKENS, stop_token_ids=tuple(stop)),
                  "sampled": SamplingParams(n=2, temperature=0.7, top_p=0.9, max_new_tokens=NEW_TOKENS, seed=7,
-                                           stop_token_ids=tuple(stop))}
+                                           stop_token_ids=tuple(stop)),
+                 "sampled, no cut": SamplingParams(n=2, temperature=0.7, max_new_tokens=NEW_TOKENS, seed=7,
+                                                   stop_token_ids=tuple(stop))}  # drawn from the ranks' partials
     result = {name: [[sequence.generated_token_ids, list(sequence.log_probs)]
                      for sequence in engine.generate(prompts, sampling)] for name, sampling in samplings.items()}
     del engine

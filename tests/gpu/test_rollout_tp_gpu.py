@@ -1,6 +1,7 @@
 """Rollout tensor parallelism on several GPUs (NCCL) with real weights: the engine split over the smallest number
 of GPUs that divides the model (2 for Qwen2.5-0.5B; 3 for SmolLM2-135M, whose 9 attention heads two cannot split)
-generates what the whole engine generates, greedy and sampled (T=0.7, top-p 0.9), with the same per-token
+generates what the whole engine generates, greedy and sampled (T=0.7, with and without top-p 0.9: greedy and
+untruncated draws combine the ranks' sampling partials, top-p gathers the logits), with the same per-token
 log-probs. The split engine's decode steps are CUDA graphs with the NCCL collectives captured inside.
 
 The two compute the same hidden states up to the last bit (each block's fp32 partial sums all-reduced, then
@@ -58,7 +59,7 @@ def test_the_engine_split_over_several_gpus_generates_what_the_whole_engine_does
     subprocess.run([sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={size}", str(WORKER),
                     str(directory), str(prompts_file), str(out_file)], check=True, timeout=600, env=environment)
     result = json.loads(out_file.read_text())
-    for name in ("greedy", "sampled"):
+    for name in ("greedy", "sampled", "sampled, no cut"):
         whole, split = result["whole"][name], result["split"][name]
         assert len(whole) == len(split) > 0
         identical, differences = 0, []

@@ -22,8 +22,9 @@ from ember.workers.noise_injection import NoiseInjection  # noqa: E402
 from test_inference_engine import PROMPTS, engine_config, tiny_model  # noqa: E402
 from test_inference_moe import MOE_OVERRIDES  # noqa: E402
 
-SAMPLINGS = {"greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=12, seed=3),
-             "sampled": SamplingParams(n=3, temperature=0.7, top_p=0.9, max_new_tokens=12, seed=3)}
+SAMPLINGS = {"greedy": SamplingParams(n=1, do_sample=False, max_new_tokens=12, seed=3),  # drawn from the ranks' partials
+             "sampled": SamplingParams(n=3, temperature=0.9, max_new_tokens=12, seed=3),  # from the ranks' partials
+             "sampled, top-p": SamplingParams(n=3, temperature=0.7, top_p=0.9, max_new_tokens=12, seed=3)}  # gathered
 MODELS = {
     "qwen2": ("qwen2", {}),
     "llama": ("llama", {}),

@@ -7,6 +7,10 @@ arithmetic per entry (the hash, two logarithms and an exp): the Gumbel transform
 hardware's fast one, and its inner log1p a short series where the noise is large (512 rows: 326 → 191 µs;
 64 rows: 41 → 27 µs, on an H100).
 
+Under rollout tensor parallelism each rank runs the chunk pass over its own rows of the vocabulary
+(`sample_partials` with their offset) and the ranks all-gather the chunks' partials, a few numbers a
+chunk, instead of the logits (`models/vocab_parallel.py`); the combine is the same.
+
 The noise is the very hash and transform of `ember.inference.hashing` (`row_keys`,
 `gumbel_noise`), here in native uint32 arithmetic (products wrap modulo 2**32, which the
 PyTorch reference computes with split multiplications), so the CUDA path and the PyTorch
@@ -26,6 +30,8 @@ from ember.inference.hashing import GOLDEN32, LARGEST_BELOW_ONE, MIX_MULTIPLIERS
 
 BLOCK_VOCAB = 4096
 CHUNK_VOCAB = 2 * BLOCK_VOCAB  # vocabulary entries per program (152k: 19 programs per row)
+PARTIAL_FIELDS = ("best noisy score", "its vocabulary index", "max scaled logit", "sum of exp(scaled logit - max)",
+                  "the best entry's scaled logit")
 
 
 @triton.jit
@@ -48,18 +54,20 @@ def _minus_log1p_minus(c):
 
 @triton.jit
 def _sample_chunk_kernel(
-    scores_ptr, logits_ptr, seeds_ptr, positions_ptr, best_ptr, index_ptr, max_ptr, sum_ptr,
-    vocab_size, chunks, scores_stride, logits_stride, score_scale, inverse_log_temperature,
+    scores_ptr, logits_ptr, seeds_ptr, positions_ptr, partials_ptr,
+    columns, vocab_offset, chunks, scores_stride, logits_stride, score_scale, inverse_log_temperature,
     ADD_NOISE: tl.constexpr, GOLDEN: tl.constexpr, FIRST: tl.constexpr, SECOND: tl.constexpr,
     COMPLEMENT_BOUND: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
 ):
-    """One (row, chunk of the vocabulary): the best noisy score there and its index, and the chunk's
-    log-sum-exp of the scaled logits as (max, sum of exp(logit - max))."""
+    """One (row, chunk of the `columns` vocabulary entries, the first of them entry `vocab_offset`): the best noisy
+    score there, its vocabulary index and its scaled logit, and the chunk's log-sum-exp of the scaled logits as
+    (max, sum of exp(logit - max)): the `PARTIAL_FIELDS` of the row's `partials`."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     first = chunk * CHUNK
     best = -float("inf")
     best_index = first
+    chosen = -float("inf")
     running_max = -float("inf")
     running_sum = 0.0
     if ADD_NOISE:
@@ -70,55 +78,94 @@ def _sample_chunk_kernel(
     for offset in range(0, CHUNK, BLOCK):
         start = first + offset
         index = start + tl.arange(0, BLOCK)
-        inside = index < vocab_size
+        inside = index < columns
         scores = tl.load(scores_ptr + row * scores_stride + index, mask=inside, other=-float("inf")).to(tl.float32)
         scores = scores * score_scale
         if ADD_NOISE:
-            spread = index.to(tl.uint32) * tl.full(index.shape, GOLDEN, tl.uint32)
+            spread = (index + vocab_offset).to(tl.uint32) * tl.full(index.shape, GOLDEN, tl.uint32)
             hashed = _mix32(key ^ spread, FIRST, SECOND)
             # hashing.gumbel_from_hashes: -log(-log u) through 1 - u, exact where it is small (large noise)
             complement = tl.minimum(((~hashed).to(tl.float32) + 0.5) * (1.0 / 4294967296.0), COMPLEMENT_BOUND)
             scores = scores - libdevice.fast_logf(_minus_log1p_minus(complement))
         scores = tl.where(inside, scores, -float("inf"))
+        logits = tl.load(logits_ptr + row * logits_stride + index, mask=inside, other=-float("inf")).to(tl.float32)
+        logits = logits * inverse_log_temperature
         tile_best = tl.max(scores, axis=0)
         tile_index = tl.argmax(scores, axis=0)
         better = tile_best > best  # ties keep the earlier index, as one pass over the row would
+        tile_chosen = tl.sum(tl.where(tl.arange(0, BLOCK) == tile_index, logits, 0.0), axis=0)
         best_index = tl.where(better, start + tile_index, best_index)
+        chosen = tl.where(better, tile_chosen, chosen)
         best = tl.where(better, tile_best, best)
-        logits = tl.load(logits_ptr + row * logits_stride + index, mask=inside, other=-float("inf")).to(tl.float32)
-        logits = logits * inverse_log_temperature
         new_max = tl.maximum(running_max, tl.max(logits, axis=0))
         running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(logits - new_max), axis=0)
         running_max = new_max
-    slot = row * chunks + chunk
-    tl.store(best_ptr + slot, best)
-    tl.store(index_ptr + slot, best_index.to(tl.int64))
-    tl.store(max_ptr + slot, running_max)
-    tl.store(sum_ptr + slot, running_sum)
+    slot = row * 5 * chunks + chunk
+    tl.store(partials_ptr + slot, best)
+    tl.store(partials_ptr + slot + chunks, (best_index + vocab_offset).to(tl.float32))
+    tl.store(partials_ptr + slot + 2 * chunks, running_max)
+    tl.store(partials_ptr + slot + 3 * chunks, running_sum)
+    tl.store(partials_ptr + slot + 4 * chunks, chosen)
 
 
 @triton.jit
-def _sample_combine_kernel(
-    best_ptr, index_ptr, max_ptr, sum_ptr, logits_ptr, tokens_ptr, log_probs_ptr,
-    chunks, logits_stride, inverse_log_temperature, CHUNKS: tl.constexpr,
-):
+def _sample_combine_kernel(partials_ptr, tokens_ptr, log_probs_ptr, chunks, CHUNKS: tl.constexpr):
     """One row: the token of its best chunk (the earliest of equal ones) and log_softmax at that token from
     the chunks' log-sum-exps."""
     row = tl.program_id(0).to(tl.int64)
     which = tl.arange(0, CHUNKS)
     inside = which < chunks
-    slots = row * chunks + which
-    bests = tl.load(best_ptr + slots, mask=inside, other=-float("inf"))
+    base = partials_ptr + row * 5 * chunks
+    bests = tl.load(base + which, mask=inside, other=-float("inf"))
     top = tl.max(bests, axis=0)
     winner = tl.min(tl.where(bests == top, which, CHUNKS), axis=0)
-    token = tl.load(index_ptr + row * chunks + winner)
-    maxes = tl.load(max_ptr + slots, mask=inside, other=-float("inf"))
+    token = tl.load(base + chunks + winner).to(tl.int64)
+    maxes = tl.load(base + 2 * chunks + which, mask=inside, other=-float("inf"))
     largest = tl.max(maxes, axis=0)
-    total = tl.sum(tl.where(inside, tl.load(sum_ptr + slots, mask=inside, other=0.0) * tl.exp(maxes - largest), 0.0),
-                   axis=0)
-    chosen = tl.load(logits_ptr + row * logits_stride + token).to(tl.float32) * inverse_log_temperature
+    sums = tl.load(base + 3 * chunks + which, mask=inside, other=0.0)
+    total = tl.sum(tl.where(inside, sums * tl.exp(maxes - largest), 0.0), axis=0)
+    chosen = tl.load(base + 4 * chunks + winner)
     tl.store(tokens_ptr + row, token)
     tl.store(log_probs_ptr + row, chosen - largest - tl.log(total))
+
+
+def sample_partials(
+    scores: Tensor, logits: Tensor, seeds: Tensor | None, positions: Tensor | None, score_scale: float,
+    log_temperature: float, vocab_offset: int = 0, columns: int | None = None,
+) -> Tensor:
+    """Each row's partials over the vocabulary entries `vocab_offset` .. `vocab_offset + columns - 1` that the
+    first `columns` columns (default: all) of `scores` and `logits` (rows, width) hold: (rows, 5, chunks) float32,
+    the `PARTIAL_FIELDS` of each chunk of CHUNK_VOCAB columns (chunks cover the whole width, so equal widths give
+    equal shapes). Partials of several parts of the vocabulary, side by side along the last dimension in
+    vocabulary order, combine (`combine_partials`) into the draw from the whole."""
+    rows, width = logits.shape
+    columns = width if columns is None else columns
+    scores, logits = scores.contiguous(), logits.contiguous()
+    chunks = triton.cdiv(width, CHUNK_VOCAB)
+    partials = torch.empty(rows, 5, chunks, dtype=torch.float32, device=logits.device)
+    if rows == 0:
+        return partials
+    dummy = partials  # seeds and positions are not read without noise
+    _sample_chunk_kernel[(rows, chunks)](
+        scores, logits, seeds if seeds is not None else dummy, positions if positions is not None else dummy,
+        partials, columns, vocab_offset, chunks, scores.stride(0), logits.stride(0), float(score_scale),
+        1.0 / log_temperature,
+        ADD_NOISE=seeds is not None, GOLDEN=GOLDEN32, FIRST=MIX_MULTIPLIERS[0], SECOND=MIX_MULTIPLIERS[1],
+        COMPLEMENT_BOUND=LARGEST_BELOW_ONE, BLOCK=BLOCK_VOCAB, CHUNK=CHUNK_VOCAB, num_warps=8,
+    )
+    return partials
+
+
+def combine_partials(partials: Tensor) -> tuple[Tensor, Tensor]:
+    """(tokens int64, log-probs float32), both (rows,), from (rows, 5, chunks) partials (`sample_partials`)."""
+    rows, _, chunks = partials.shape
+    partials = partials.contiguous()
+    tokens = torch.empty(rows, dtype=torch.long, device=partials.device)
+    log_probs = torch.empty(rows, dtype=torch.float32, device=partials.device)
+    if rows:
+        _sample_combine_kernel[(rows,)](partials, tokens, log_probs, chunks, CHUNKS=triton.next_power_of_2(chunks),
+                                        num_warps=1)
+    return tokens, log_probs
 
 
 def fused_sample(
@@ -132,24 +179,4 @@ def fused_sample(
     its noise (`sampling.gumbel_noise`), or None for no noise (greedy). Returns (tokens
     int64, log-probs float32), both (rows,).
     """
-    rows, vocab_size = logits.shape
-    tokens = torch.empty(rows, dtype=torch.long, device=logits.device)
-    log_probs = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    if rows == 0:
-        return tokens, log_probs
-    scores, logits = scores.contiguous(), logits.contiguous()
-    chunks = triton.cdiv(vocab_size, CHUNK_VOCAB)
-    best, maxes, sums = (torch.empty(rows, chunks, dtype=torch.float32, device=logits.device) for _ in range(3))
-    indices = torch.empty(rows, chunks, dtype=torch.long, device=logits.device)
-    _sample_chunk_kernel[(rows, chunks)](
-        scores, logits, seeds if seeds is not None else tokens, positions if positions is not None else tokens,
-        best, indices, maxes, sums,
-        vocab_size, chunks, scores.stride(0), logits.stride(0), float(score_scale), 1.0 / log_temperature,
-        ADD_NOISE=seeds is not None, GOLDEN=GOLDEN32, FIRST=MIX_MULTIPLIERS[0], SECOND=MIX_MULTIPLIERS[1],
-        COMPLEMENT_BOUND=LARGEST_BELOW_ONE, BLOCK=BLOCK_VOCAB, CHUNK=CHUNK_VOCAB, num_warps=8,
-    )
-    _sample_combine_kernel[(rows,)](
-        best, indices, maxes, sums, logits, tokens, log_probs, chunks, logits.stride(0), 1.0 / log_temperature,
-        CHUNKS=triton.next_power_of_2(chunks), num_warps=1,
-    )
-    return tokens, log_probs
+    return combine_partials(sample_partials(scores, logits, seeds, positions, score_scale, log_temperature))

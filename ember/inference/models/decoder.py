@@ -30,6 +30,7 @@ from ember.inference.models.moe import SparseMoeBlock
 from ember.inference.models.rope import RotaryEmbedding
 from ember.inference.models.vocab_parallel import VocabParallelEmbedding, VocabParallelHead
 from ember.inference.models.weight_shards import WeightShards
+from ember.inference.request import SamplingParams
 from ember.inference.tensor_parallel import TensorParallel
 
 DENSE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -265,6 +266,12 @@ class DecoderForCausalLM(nn.Module):
         """Next-token logits (rows, vocab) in the model's dtype (sampling reads them in float32); under tensor
         parallelism gathered from every rank's vocabulary rows, the same whole logits on every rank."""
         return self.lm_head(hidden_states)
+
+    def sample(self, hidden_states: Tensor, sampling: SamplingParams, seeds: Tensor,
+               positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Each row's next token and its rollout log-prob (`VocabParallelHead.sample`: under tensor parallelism
+        without gathering the logits)."""
+        return self.lm_head.sample(hidden_states, sampling, seeds, positions)
 
 
 def split_widths(config: PretrainedConfig, spec: DecoderSpec) -> dict[str, int]:

@@ -4,9 +4,11 @@ Each rank holds `padded_vocab_size / size` consecutive rows (`models/weight_shar
 vocabulary with zero rows to a multiple of the ranks). The embedding looks up the tokens whose
 rows this rank holds, zeros for the others, and one all-reduce completes every token's row (one
 rank contributes it, the others add exact zeros, so the result is the whole embedding's row bit
-for bit). The head's partial logits are all-gathered over the vocabulary and the padded columns
-cut off, so the sampler sees exactly the logits of the whole head: the same tokens are drawn on
-every rank, and as at one rank. Parameters keep the name `weight`, so HF names load and a tied
+for bit). A decode step's draw (`VocabParallelHead.sample`) runs on each rank's own logits, padded
+columns left out, and the ranks all-gather its partials (`sampling.vocab_partials`: a few numbers per
+row and chunk of the vocabulary, not the logits), which combine into the draw from the whole: the
+same token on every rank, and as at one rank. Top-k / top-p, and the prefill, all-gather the logits
+themselves (`forward`). Parameters keep the name `weight`, so HF names load and a tied
 head can be the embedding's own parameter.
 """
 
@@ -17,6 +19,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ember.inference.models.weight_shards import padded_vocab_size
+from ember.inference.request import SamplingParams
+from ember.inference.sampling import sample_next_tokens, tokens_from_partials, vocab_partials
 from ember.inference.tensor_parallel import TensorParallel
 
 
@@ -48,9 +52,22 @@ class VocabParallelHead(nn.Module):
         self.tensor_parallel = tensor_parallel
         self.vocab_size = vocab_size
         rows = padded_vocab_size(vocab_size, tensor_parallel.size) // tensor_parallel.size
+        self.first_row = tensor_parallel.rank * rows
+        self.columns = min(rows, vocab_size - self.first_row)  # this rank's rows that are not padding
         self.weight = nn.Parameter(torch.empty(rows, hidden_size))
 
     def forward(self, hidden_states: Tensor) -> Tensor:
         """(rows, hidden) in, (rows, vocab_size) logits out, the same on every rank."""
         logits = self.tensor_parallel.all_gather_last_dim(F.linear(hidden_states, self.weight))
         return logits[:, : self.vocab_size]
+
+    def sample(self, hidden_states: Tensor, sampling: SamplingParams, seeds: Tensor,
+               positions: Tensor) -> tuple[Tensor, Tensor]:
+        """Each row's next token and its rollout log-prob, as `sampling.sample_next_tokens` draws them from the
+        whole logits, the same on every rank: under tensor parallelism from every rank's partials."""
+        truncates = 0 < sampling.top_k < self.vocab_size or sampling.top_p < 1
+        if self.tensor_parallel.size == 1 or truncates:
+            return sample_next_tokens(self(hidden_states), sampling, seeds, positions)
+        partials = vocab_partials(F.linear(hidden_states, self.weight), sampling, seeds, positions, self.first_row,
+                                  self.columns)
+        return tokens_from_partials(self.tensor_parallel.all_gather_last_dim(partials))
