@@ -56,12 +56,12 @@ def _minus_log1p_minus(c):
 def _sample_chunk_kernel(
     scores_ptr, logits_ptr, seeds_ptr, positions_ptr, partials_ptr,
     columns, vocab_offset, chunks, scores_stride, logits_stride, score_scale, inverse_log_temperature,
-    ADD_NOISE: tl.constexpr, GOLDEN: tl.constexpr, FIRST: tl.constexpr, SECOND: tl.constexpr,
-    COMPLEMENT_BOUND: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
+    ADD_NOISE: tl.constexpr, KEEP_CHOSEN: tl.constexpr, GOLDEN: tl.constexpr, FIRST: tl.constexpr,
+    SECOND: tl.constexpr, COMPLEMENT_BOUND: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr,
 ):
     """One (row, chunk of the `columns` vocabulary entries, the first of them entry `vocab_offset`): the best noisy
-    score there, its vocabulary index and its scaled logit, and the chunk's log-sum-exp of the scaled logits as
-    (max, sum of exp(logit - max)): the `PARTIAL_FIELDS` of the row's `partials`."""
+    score there, its vocabulary index and (with KEEP_CHOSEN) its scaled logit, and the chunk's log-sum-exp of the
+    scaled logits as (max, sum of exp(logit - max)): the `PARTIAL_FIELDS` of the row's `partials`."""
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     first = chunk * CHUNK
@@ -93,9 +93,10 @@ def _sample_chunk_kernel(
         tile_best = tl.max(scores, axis=0)
         tile_index = tl.argmax(scores, axis=0)
         better = tile_best > best  # ties keep the earlier index, as one pass over the row would
-        tile_chosen = tl.sum(tl.where(tl.arange(0, BLOCK) == tile_index, logits, 0.0), axis=0)
+        if KEEP_CHOSEN:  # one more reduction a tile: only where the combine cannot read the logits
+            tile_chosen = tl.sum(tl.where(tl.arange(0, BLOCK) == tile_index, logits, 0.0), axis=0)
+            chosen = tl.where(better, tile_chosen, chosen)
         best_index = tl.where(better, start + tile_index, best_index)
-        chosen = tl.where(better, tile_chosen, chosen)
         best = tl.where(better, tile_best, best)
         new_max = tl.maximum(running_max, tl.max(logits, axis=0))
         running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(logits - new_max), axis=0)
@@ -109,9 +110,10 @@ def _sample_chunk_kernel(
 
 
 @triton.jit
-def _sample_combine_kernel(partials_ptr, tokens_ptr, log_probs_ptr, chunks, CHUNKS: tl.constexpr):
+def _sample_combine_kernel(partials_ptr, logits_ptr, tokens_ptr, log_probs_ptr, chunks, logits_stride,
+                           inverse_log_temperature, CHOSEN_FROM_LOGITS: tl.constexpr, CHUNKS: tl.constexpr):
     """One row: the token of its best chunk (the earliest of equal ones) and log_softmax at that token from
-    the chunks' log-sum-exps."""
+    the chunks' log-sum-exps; the token's scaled logit from the partials, or read from the logits."""
     row = tl.program_id(0).to(tl.int64)
     which = tl.arange(0, CHUNKS)
     inside = which < chunks
@@ -124,20 +126,24 @@ def _sample_combine_kernel(partials_ptr, tokens_ptr, log_probs_ptr, chunks, CHUN
     largest = tl.max(maxes, axis=0)
     sums = tl.load(base + 3 * chunks + which, mask=inside, other=0.0)
     total = tl.sum(tl.where(inside, sums * tl.exp(maxes - largest), 0.0), axis=0)
-    chosen = tl.load(base + 4 * chunks + winner)
+    if CHOSEN_FROM_LOGITS:
+        chosen = tl.load(logits_ptr + row * logits_stride + token).to(tl.float32) * inverse_log_temperature
+    else:
+        chosen = tl.load(base + 4 * chunks + winner)
     tl.store(tokens_ptr + row, token)
     tl.store(log_probs_ptr + row, chosen - largest - tl.log(total))
 
 
 def sample_partials(
     scores: Tensor, logits: Tensor, seeds: Tensor | None, positions: Tensor | None, score_scale: float,
-    log_temperature: float, vocab_offset: int = 0, columns: int | None = None,
+    log_temperature: float, vocab_offset: int = 0, columns: int | None = None, keep_chosen: bool = True,
 ) -> Tensor:
     """Each row's partials over the vocabulary entries `vocab_offset` .. `vocab_offset + columns - 1` that the
     first `columns` columns (default: all) of `scores` and `logits` (rows, width) hold: (rows, 5, chunks) float32,
     the `PARTIAL_FIELDS` of each chunk of CHUNK_VOCAB columns (chunks cover the whole width, so equal widths give
     equal shapes). Partials of several parts of the vocabulary, side by side along the last dimension in
-    vocabulary order, combine (`combine_partials`) into the draw from the whole."""
+    vocabulary order, combine (`combine_partials`) into the draw from the whole. Without `keep_chosen` the chosen
+    entry's logit is left out (the combine then reads it from the logits)."""
     rows, width = logits.shape
     columns = width if columns is None else columns
     scores, logits = scores.contiguous(), logits.contiguous()
@@ -150,21 +156,25 @@ def sample_partials(
         scores, logits, seeds if seeds is not None else dummy, positions if positions is not None else dummy,
         partials, columns, vocab_offset, chunks, scores.stride(0), logits.stride(0), float(score_scale),
         1.0 / log_temperature,
-        ADD_NOISE=seeds is not None, GOLDEN=GOLDEN32, FIRST=MIX_MULTIPLIERS[0], SECOND=MIX_MULTIPLIERS[1],
+        ADD_NOISE=seeds is not None, KEEP_CHOSEN=keep_chosen, GOLDEN=GOLDEN32, FIRST=MIX_MULTIPLIERS[0], SECOND=MIX_MULTIPLIERS[1],
         COMPLEMENT_BOUND=LARGEST_BELOW_ONE, BLOCK=BLOCK_VOCAB, CHUNK=CHUNK_VOCAB, num_warps=8,
     )
     return partials
 
 
-def combine_partials(partials: Tensor) -> tuple[Tensor, Tensor]:
-    """(tokens int64, log-probs float32), both (rows,), from (rows, 5, chunks) partials (`sample_partials`)."""
+def combine_partials(partials: Tensor, logits: Tensor | None = None, log_temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """(tokens int64, log-probs float32), both (rows,), from (rows, 5, chunks) partials (`sample_partials`); the
+    chosen token's logit from the partials, or from the whole `logits` (scaled by 1 / log_temperature) if given."""
     rows, _, chunks = partials.shape
     partials = partials.contiguous()
     tokens = torch.empty(rows, dtype=torch.long, device=partials.device)
     log_probs = torch.empty(rows, dtype=torch.float32, device=partials.device)
     if rows:
-        _sample_combine_kernel[(rows,)](partials, tokens, log_probs, chunks, CHUNKS=triton.next_power_of_2(chunks),
-                                        num_warps=1)
+        from_logits = logits is not None
+        logits = logits.contiguous() if from_logits else partials
+        _sample_combine_kernel[(rows,)](partials, logits, tokens, log_probs, chunks, logits.stride(0),
+                                        1.0 / log_temperature, CHOSEN_FROM_LOGITS=from_logits,
+                                        CHUNKS=triton.next_power_of_2(chunks), num_warps=1)
     return tokens, log_probs
 
 
@@ -179,4 +189,5 @@ def fused_sample(
     its noise (`sampling.gumbel_noise`), or None for no noise (greedy). Returns (tokens
     int64, log-probs float32), both (rows,).
     """
-    return combine_partials(sample_partials(scores, logits, seeds, positions, score_scale, log_temperature))
+    partials = sample_partials(scores, logits, seeds, positions, score_scale, log_temperature, keep_chosen=False)
+    return combine_partials(partials, logits, log_temperature)
