@@ -11,7 +11,9 @@ temperature 1).
 Prints one table row per shape, batch size and engine: tokens/s, peak GPU memory (the fullest rank),
 and ms per decode step (from a second, prefill-only run: (full - prefill) / (tokens - 1)); for ember
 on one GPU also the captured decode step replayed alone (`graph ms`: the device's time per step
-without the host's work between windows).
+without the host's work between windows, at a context of one token: every row reads the trash block, so
+attention does almost nothing and the figure is a floor for the step, not the step; `--profile` gives the
+kernels at the generate's own contexts).
 
 A layout TPxR is R replicas of ember's engine, each split over TP GPUs (rollout.tensor_model_parallel_size),
 on TP·R GPUs; each replica generates rows/R of the prompts, so `2x1` against `1x2` is one engine
@@ -95,7 +97,8 @@ def measure(generate, prompts: list[list[int]], total_rows: int, response_length
 
 
 def graph_step_ms(engine: LLMEngine, rows: int, replays: int = 200) -> float:
-    """ms per replay of the decode step captured for `rows` rows (padding rows on the trash block)."""
+    """ms per replay of the decode step captured for `rows` rows (padding rows on the trash block: a context of one
+    token, so attention's share of a real step is left out)."""
     decoder = engine.decoder
     padded = next(size for size in decoder.batch_sizes if size >= rows)
     graph = decoder._graph(padded, SamplingParams(temperature=1.0))
