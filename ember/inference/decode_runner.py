@@ -126,10 +126,6 @@ class DecodeRunner:
         if self.use_cuda_graphs:  # a pool dies with its last graph: later captures need a new one
             self.graph_pool = torch.cuda.graph_pool_handle()
 
-    def run(self, sequences: list[Sequence], steps: int, sampling: SamplingParams) -> tuple[list[list[int]], list[list[float]]]:
-        """`steps` sampled tokens and their log-probs for each sequence (which must hold slots for them)."""
-        return self.launch(sequences, steps, sampling).result()
-
     def padded_rows(self, count: int) -> int:
         """Rows a window of `count` sequences runs on: the smallest captured batch size that holds them."""
         return next(size for size in self.batch_sizes if size >= count) if self.use_cuda_graphs else count
