@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -48,16 +49,22 @@ class SumWorker:
         return self.all_reduce(1.0)
 
 
-class SlowBuildWorker:
-    """Takes `seconds` to build (as an engine's imports and model do) and remembers when; fails to build on
-    `fail_rank`."""
+class MeetingBuildWorker:
+    """Builds only once the pool named `other` has started its own build (each writes a file under `directory`):
+    pools that build one after the other never meet, and the first one's build fails after `timeout_s`. Fails to
+    build on `fail_rank`."""
 
-    def __init__(self, seconds: float, fail_rank: int | None = None):
-        start = time.time()
+    def __init__(self, directory: str, me: str, other: str | None, timeout_s: float = 60.0,
+                 fail_rank: int | None = None):
         if int(os.environ["RANK"]) == fail_rank:
             raise ValueError(f"planted build failure on rank {fail_rank}")
-        time.sleep(seconds)
-        self.stamps = (start, time.time())
+        Path(directory, me).touch()
+        deadline = time.monotonic() + timeout_s
+        while other is not None and not Path(directory, other).exists():
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{me} built alone: {other} did not start building within {timeout_s} s")
+            time.sleep(0.05)
+        self.met = other
 
-    def build_stamps(self) -> tuple[float, float]:
-        return self.stamps
+    def partner(self) -> str | None:
+        return self.met

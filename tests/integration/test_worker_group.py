@@ -36,20 +36,23 @@ def test_split_pools_work_at_the_same_time(local_ray):
         critic.shutdown()
 
 
-def test_split_pools_build_at_the_same_time_and_a_failed_build_names_its_rank(local_ray):
-    from group_workers import SlowBuildWorker
+def test_split_pools_build_at_the_same_time_and_a_failed_build_names_its_rank(local_ray, tmp_path):
+    from group_workers import MeetingBuildWorker
 
-    actor = RayWorkerGroup(Pool("actor", 1, 1), SlowBuildWorker, 2.0, options=CPU_WORKERS)
-    rollout = RayWorkerGroup(Pool("rollout", 1, 1, first_gpu=1), SlowBuildWorker, 2.0, options=CPU_WORKERS)
-    broken = RayWorkerGroup(Pool("critic", 2, 1, first_gpu=2), SlowBuildWorker, 0.0, 1, options=CPU_WORKERS)
+    # Each pool's build waits to see the other's build start: the driver must not wait for the first pool's build
+    # before it starts the second's.
+    actor = RayWorkerGroup(Pool("actor", 1, 1), MeetingBuildWorker, str(tmp_path), "actor", "rollout", 30.0,
+                           options=CPU_WORKERS)
+    rollout = RayWorkerGroup(Pool("rollout", 1, 1, first_gpu=1), MeetingBuildWorker, str(tmp_path), "rollout",
+                             "actor", 30.0, options=CPU_WORKERS)
+    broken = RayWorkerGroup(Pool("critic", 2, 1, first_gpu=2), MeetingBuildWorker, str(tmp_path), "critic", None,
+                            fail_rank=1, options=CPU_WORKERS)
     try:
         actor.wait_until_built()
         rollout.wait_until_built()
-        (actor_start, actor_end), = actor.run_all("build_stamps")
-        (rollout_start, rollout_end), = rollout.run_all("build_stamps")
-        assert rollout_start < actor_end and actor_start < rollout_end  # the second pool did not wait for the first
+        assert actor.run_all("partner") == ["rollout"] and rollout.run_all("partner") == ["actor"]
         with pytest.raises(WorkerError) as error:
-            broken.run_all("build_stamps")  # the first call waits for the build, which failed
+            broken.run_all("partner")  # the first call waits for the build, which failed
         assert "critic rank 1 failed in build" in str(error.value) and "planted build failure" in str(error.value)
     finally:
         for group in (actor, rollout, broken):

@@ -77,7 +77,7 @@ def test_train_on_megatron_takes_the_fork_file_as_written_and_stops_only_at_the_
                                                                                    caplog):
     with caplog.at_level(logging.WARNING):
         assert nla("train", "--config-name", "runs/qwen_7b/rl_grpo_megatron", *tiny_run(tmp_path, model_dir),
-                   "trainer.n_gpus_per_node=8", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                   "trainer.n_gpus_per_node=2", "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
                    "critic.megatron.tensor_model_parallel_size=2") == 2  # the tiny model has 2 key-value heads
     # the file's override_transformer_config (params_dtype: bfloat16, DDP fields, selective recompute with a
     # layer count) reached megatron-core, which built and loaded the model; training it needs a GPU

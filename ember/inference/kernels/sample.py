@@ -84,8 +84,10 @@ def _sample_chunk_kernel(
         if ADD_NOISE:
             spread = (index + vocab_offset).to(tl.uint32) * tl.full(index.shape, GOLDEN, tl.uint32)
             hashed = _mix32(key ^ spread, FIRST, SECOND)
-            # hashing.gumbel_from_hashes: -log(-log u) through 1 - u, exact where it is small (large noise)
-            complement = tl.minimum(((~hashed).to(tl.float32) + 0.5) * (1.0 / 4294967296.0), COMPLEMENT_BOUND)
+            # hashing.gumbel_from_hashes: -log(-log u) through 1 - u, exact where it is small (large noise); the
+            # bitwise complement is an xor (the same instructions as ~, which Triton's interpreter cannot run)
+            flipped = hashed ^ 0xFFFFFFFF
+            complement = tl.minimum((flipped.to(tl.float32) + 0.5) * (1.0 / 4294967296.0), COMPLEMENT_BOUND)
             scores = scores - libdevice.fast_logf(_minus_log1p_minus(complement))
         scores = tl.where(inside, scores, -float("inf"))
         logits = tl.load(logits_ptr + row * logits_stride + index, mask=inside, other=-float("inf")).to(tl.float32)
