@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ember.inference.models.weight_shards import padded_vocab_size
+from ember.inference.models.weight_shards import vocab_rows
 from ember.inference.request import SamplingParams
 from ember.inference.sampling import sample_next_tokens, tokens_from_partials, vocab_partials
 from ember.inference.tensor_parallel import TensorParallel
@@ -30,8 +30,7 @@ class VocabParallelEmbedding(nn.Module):
     def __init__(self, vocab_size: int, hidden_size: int, tensor_parallel: TensorParallel) -> None:
         super().__init__()
         self.tensor_parallel = tensor_parallel
-        rows = padded_vocab_size(vocab_size, tensor_parallel.size) // tensor_parallel.size
-        self.first_row = tensor_parallel.rank * rows
+        self.first_row, rows = vocab_rows(vocab_size, tensor_parallel.size, tensor_parallel.rank)
         self.weight = nn.Parameter(torch.empty(rows, hidden_size))
 
     def forward(self, token_ids: Tensor) -> Tensor:
@@ -51,8 +50,7 @@ class VocabParallelHead(nn.Module):
         super().__init__()
         self.tensor_parallel = tensor_parallel
         self.vocab_size = vocab_size
-        rows = padded_vocab_size(vocab_size, tensor_parallel.size) // tensor_parallel.size
-        self.first_row = tensor_parallel.rank * rows
+        self.first_row, rows = vocab_rows(vocab_size, tensor_parallel.size, tensor_parallel.rank)
         self.columns = min(rows, vocab_size - self.first_row)  # this rank's rows that are not padding
         self.weight = nn.Parameter(torch.empty(rows, hidden_size))
 

@@ -39,6 +39,12 @@ def padded_vocab_size(vocab_size: int, size: int) -> int:
     return -(-vocab_size // size) * size
 
 
+def vocab_rows(vocab_size: int, size: int, rank: int) -> tuple[int, int]:
+    """(first row, rows) of the padded vocabulary that `rank` of `size` holds: consecutive, equal in number."""
+    rows = padded_vocab_size(vocab_size, size) // size
+    return rank * rows, rows
+
+
 @dataclass(frozen=True)
 class WeightShards:
     """How one rank of `size` cuts the weights of one model: its `rank`, the model's key-value heads and vocabulary."""
