@@ -1,7 +1,7 @@
 """Rollout throughput: ember's generation engine, on one GPU or split over several (rollout tensor
 parallelism), against transformers `generate`; same model, prompts and sampling in one run (random
 weights of a real model's shape, 128-token prompts, 256 sampled tokens each with EOS ignored,
-temperature 1).
+temperature 1; `--top-p` / `--top-k` cut every engine's draws, e.g. to see what truncation costs a step).
 
     python benchmarks/rollout_throughput.py [--rows 64 512] [--shapes qwen2.5-0.5b ...] [--hf-rows 64 512]
     python benchmarks/rollout_throughput.py --shapes qwen2.5-1.5b qwen2.5-7b --layouts 1x1 2x1 1x2 4x1 1x4 --hf-rows
@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -96,12 +97,17 @@ def measure(generate, prompts: list[list[int]], total_rows: int, response_length
             "step_ms": 1000 * (full_s - prefill_s) / (response_length - 1)}
 
 
-def graph_step_ms(engine: LLMEngine, rows: int, replays: int = 200) -> float:
+def truncated(generate, args):
+    """`generate` with every call's sampling cut to `--top-p` / `--top-k` (both off by default)."""
+    return lambda prompts, sampling: generate(prompts, replace(sampling, top_p=args.top_p, top_k=args.top_k))
+
+
+def graph_step_ms(engine: LLMEngine, rows: int, args, replays: int = 200) -> float:
     """ms per replay of the decode step captured for `rows` rows (padding rows on the trash block: a context of one
     token, so attention's share of a real step is left out)."""
     decoder = engine.decoder
     padded = next(size for size in decoder.batch_sizes if size >= rows)
-    graph = decoder._graph(padded, SamplingParams(temperature=1.0))
+    graph = decoder._graph(padded, SamplingParams(temperature=1.0, top_p=args.top_p, top_k=args.top_k))
     decoder._load_rows([], padded)  # padding rows from position 0: the replays stay inside max_model_len
     for _ in range(10):
         graph.replay()
@@ -168,16 +174,16 @@ def run_ember(model_dir: str, rows: int, tensor_parallel: int, replicas: int, ar
         max_num_batched_tokens=65536, dtype=args.dtype, device=str(current_device()),
         use_cuda_graphs=not args.eager, decode_window=args.decode_window, tensor_parallel_size=tensor_parallel,
         quantization=quantization, gpu_memory_utilization=args.gpu_memory_utilization))
-    result = measure(engine.generate, prompts, rows, args.response_length)
+    result = measure(truncated(engine.generate, args), prompts, rows, args.response_length)
     result["kv_blocks"] = engine.num_kv_blocks
     if args.profile:
         label = f"{args.shape}-{tensor_parallel}x{replicas}-{rows}" + (f"-{quantization}" if quantization else "")
         os.makedirs(args.profile, exist_ok=True)
         path = os.path.join(args.profile, label + ".txt")
-        write_decode_profile(engine.generate, prompts, path if rank() == 0 else os.devnull,
+        write_decode_profile(truncated(engine.generate, args), prompts, path if rank() == 0 else os.devnull,
                              steps=min(32, args.response_length - 1))
     if engine.decoder.use_cuda_graphs:
-        result["graph_ms"] = graph_step_ms(engine, share)
+        result["graph_ms"] = graph_step_ms(engine, share, args)
     del engine
     empty_cache()
     return result
@@ -207,7 +213,8 @@ def launch_layout(layout: tuple[int, int], model_dir: str, args, quantization: s
                    os.path.abspath(__file__), "--worker-layout", f"{layout[0]}x{layout[1]}", "--model-dir", model_dir,
                    "--result-file", result_file.name, "--device", args.device, "--rows", *map(str, args.rows),
                    "--response-length", str(args.response_length), "--decode-window", str(args.decode_window),
-                   "--gpu-memory-utilization", str(args.gpu_memory_utilization)]
+                   "--gpu-memory-utilization", str(args.gpu_memory_utilization), "--top-p", str(args.top_p),
+                   "--top-k", str(args.top_k)]
         command += ["--worker-quantization", quantization] if quantization else []
         command += ["--profile", args.profile, "--shape", args.shape] if args.profile else []
         subprocess.run(command + (["--eager"] if args.eager else []), check=True)
@@ -250,7 +257,7 @@ def run_shape(shape: str, tokenizer, args, hf_rows: list[int]) -> None:
         if rows in hf_rows:
             rollout = HFRollout.from_pretrained(model_dir, pad_token_id=tokenizer.pad_token_id, device=current_device(),
                                                 dtype=args.dtype)
-            result = measure(rollout.generate, bench_prompts(rows), rows, args.response_length)
+            result = measure(truncated(rollout.generate, args), bench_prompts(rows), rows, args.response_length)
             del rollout
             empty_cache()
             print_row(shape, rows, "transformers", result, None)
@@ -269,6 +276,8 @@ def main() -> None:
     parser.add_argument("--hf-rows", type=int, nargs="*", default=None,
                         help="batch sizes to also run transformers generate at, on one GPU (default: all of --rows)")
     parser.add_argument("--eager", action="store_true", help="ember without CUDA graphs")
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling for every engine (1 = off)")
+    parser.add_argument("--top-k", type=int, default=-1, help="top-k sampling for every engine (-1 = off)")
     parser.add_argument("--decode-window", type=int, default=EngineConfig.decode_window)
     parser.add_argument("--response-length", type=int, default=256, help="sampled tokens per prompt (EOS ignored)")
     parser.add_argument("--gpu-memory-utilization", type=float, default=EngineConfig.gpu_memory_utilization,
@@ -296,7 +305,7 @@ def main() -> None:
     tokenizer = train_tiny_tokenizer()
     device_name = torch.cuda.get_device_name() if current_device().type == "cuda" else "CPU"
     print(f"device: {device_name}  prompt {PROMPT_LENGTH}, response {args.response_length}, "
-          f"{str(args.dtype).removeprefix('torch.')}", flush=True)
+          f"{str(args.dtype).removeprefix('torch.')}, temperature 1, top-p {args.top_p}, top-k {args.top_k}", flush=True)
     print("| shape | rows | engine | tokens/s | s | peak GiB | decode ms/step | step vs 1x1 | graph ms | KV blocks |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for shape in args.shapes:
