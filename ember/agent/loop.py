@@ -92,10 +92,11 @@ class AgentLoop:
         """`sampling.n` trajectories per prompt, grouped by prompt; `sampling.max_new_tokens` bounds each whole
         response (model and tool tokens); `extra_infos` (one per prompt) give the tools' `tools_kwargs`."""
         samples: list[_Sample] = []
+        request_seed = self.engine.request_seed(sampling.seed)
         for prompt_index, prompt in enumerate(prompts):
             tools_kwargs = (extra_infos[prompt_index] or {}).get("tools_kwargs", {}) if extra_infos else {}
             group = [_Sample(index=len(samples) + sample, prompt_index=prompt_index, prompt_ids=list(prompt),
-                             seed=sequence_seed(sampling.seed, (sampling.first_prompt_index + prompt_index) * sampling.n
+                             seed=sequence_seed(request_seed, (sampling.first_prompt_index + prompt_index) * sampling.n
                                                 + sample),
                              session=ToolSession(self.tools, tools_kwargs, self.options.tool_timeout))
                      for sample in range(sampling.n)]

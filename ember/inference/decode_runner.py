@@ -168,7 +168,7 @@ class DecodeRunner:
         host_tokens.copy_(tokens, non_blocking=True)
         host_log_probs.copy_(log_probs, non_blocking=True)
         ready = torch.cuda.Event()
-        ready.record()
+        ready.record(torch.cuda.current_stream(self.device))  # the engine's device, whichever is current
         return DecodeWindow(list(sequences), steps, sampling, host_tokens, host_log_probs, ready)
 
     def _step(self, rows: int, sampling: SamplingParams, width: int | None = None) -> None:

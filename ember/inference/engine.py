@@ -325,14 +325,23 @@ class LLMEngine:
                 f"{label} has {len(prompt)} tokens; with max_new_tokens={max_new_tokens} it exceeds "
                 f"max_model_len={self.config.max_model_len}: raise max_model_len or shorten the prompt")
 
+    def request_seed(self, seed: int | None) -> int | None:
+        """The seed a call's sequence seeds derive from (`sampling.sequence_seed`): `seed`; without one, at tensor
+        parallel size > 1, one random seed the replica's ranks agree on (each rank drawing its own would draw other
+        tokens on each rank); None at size 1 (each sequence draws its own)."""
+        if seed is None and self.tensor_parallel.size > 1:
+            return self.tensor_parallel.agree_on_minimum(int(torch.randint(0, 1 << 62, ())), self.device)
+        return seed
+
     def _admit(self, prompts: list[list[int]], sampling: SamplingParams,
                injections: list[Injection | None]) -> list[Sequence]:
         """Check that every prompt fits, then queue each as one group of `sampling.n` seeded samples."""
         for prompt_index, prompt in enumerate(prompts):
             self._check_fits(prompt, sampling.max_new_tokens, f"prompt {prompt_index}")
+        request_seed = self.request_seed(sampling.seed)
         sequences = []
         for prompt_index, prompt in enumerate(prompts):
-            seeds = [sequence_seed(sampling.seed, (sampling.first_prompt_index + prompt_index) * sampling.n + sample)
+            seeds = [sequence_seed(request_seed, (sampling.first_prompt_index + prompt_index) * sampling.n + sample)
                      for sample in range(sampling.n)]
             sequences += self.submit(prompt, seeds, sampling.max_new_tokens, prompt_index * sampling.n,
                                      injections[prompt_index])

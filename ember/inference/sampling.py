@@ -111,6 +111,9 @@ def vocab_partials(logits: Tensor, sampling: SamplingParams, seeds: Tensor, posi
         return sample_partials(logits, logits, seeds, positions, 1.0 / sampling.temperature, log_temperature, first,
                                columns)
     logits = logits[:, :columns].float()
+    if logits.shape[1] == 0:  # a rank of padding rows only (a vocabulary short of the last rank): nothing to draw
+        empty = torch.tensor([float("-inf"), first, float("-inf"), 0.0, float("-inf")], device=logits.device)
+        return empty.expand(logits.shape[0], 5)[..., None].clone()
     scaled = logits / log_temperature
     scores = logits if sampling.greedy else (
         logits / sampling.temperature + gumbel_noise(row_keys(seeds, positions), logits.shape[-1], first))

@@ -28,10 +28,8 @@ class SumWorker:
         dist.all_reduce(tensor)
         return float(tensor)
 
-    def sleep_and_stamp(self, seconds: float) -> tuple[float, float]:
-        start = time.time()
-        time.sleep(seconds)
-        return start, time.time()
+    def meet(self, directory: str, me: str, other: str, timeout_s: float) -> str:
+        return meet(directory, me, other, timeout_s)
 
     def fail_on(self, rank: int) -> None:
         if dist.get_rank() == rank:
@@ -49,22 +47,27 @@ class SumWorker:
         return self.all_reduce(1.0)
 
 
+def meet(directory: str, me: str, other: str, timeout_s: float) -> str:
+    """Says `me` has started (a file under `directory`), then waits until `other` has too; raises after `timeout_s`,
+    so two calls that run one after the other never meet."""
+    Path(directory, me).touch()
+    deadline = time.monotonic() + timeout_s
+    while not Path(directory, other).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{me} ran alone: {other} did not start within {timeout_s} s")
+        time.sleep(0.05)
+    return other
+
+
 class MeetingBuildWorker:
-    """Builds only once the pool named `other` has started its own build (each writes a file under `directory`):
-    pools that build one after the other never meet, and the first one's build fails after `timeout_s`. Fails to
-    build on `fail_rank`."""
+    """Builds only once the pool named `other` has started its own build (`meet`): pools that build one after the
+    other never meet, and the first one's build fails after `timeout_s`. Fails to build on `fail_rank`."""
 
     def __init__(self, directory: str, me: str, other: str | None, timeout_s: float = 60.0,
                  fail_rank: int | None = None):
         if int(os.environ["RANK"]) == fail_rank:
             raise ValueError(f"planted build failure on rank {fail_rank}")
-        Path(directory, me).touch()
-        deadline = time.monotonic() + timeout_s
-        while other is not None and not Path(directory, other).exists():
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{me} built alone: {other} did not start building within {timeout_s} s")
-            time.sleep(0.05)
-        self.met = other
+        self.met = meet(directory, me, other, timeout_s) if other is not None else None
 
     def partner(self) -> str | None:
         return self.met

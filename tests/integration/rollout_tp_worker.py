@@ -2,7 +2,7 @@
 on each rank, on tiny fp32 models (dense, one key-value head shared by both ranks, tied embeddings over an
 odd vocabulary (each rank holds half the rows, one padded), Qwen2-MoE with its shared expert, Qwen3-MoE): greedy tokens, sampled tokens (T=0.7, top-p 0.9) and every token's log-prob
 must agree; an update of the weights reaches both halves, sent whole or as each rank's part; NLA's injected
-vectors and AQN's noised weights give the same tokens too. FP8 generation split over both ranks quantises
+vectors and AQN's noised weights give the same tokens too, and unseeded draws agree over the ranks. FP8 generation split over both ranks quantises
 each rank's own part (`check_fp8`). The MoE models' split engines load from a
 saved directory (one tensor per expert), their whole engines from the fused parameters. Arguments: a
 scratch folder; rank 0 writes "ok" to its `done` file."""
@@ -137,6 +137,18 @@ def check_fp8(scratch: Path) -> None:
         assert max(gaps) < 0.2, gaps
 
 
+def check_unseeded(split: LLMEngine) -> None:
+    """Without a seed, the ranks (their random states apart, as in a run) still draw the same tokens: the replica
+    takes one seed for the call. Else the prefill's draws (from the gathered logits) part them."""
+    torch.manual_seed(1000 + dist.get_rank())
+    for sampling in (SamplingParams(n=2, temperature=1.0, top_p=0.9, max_new_tokens=6),
+                     SamplingParams(n=2, temperature=1.0, max_new_tokens=6)):
+        tokens = [sequence.generated_token_ids for sequence in split.generate(PROMPTS, sampling)]
+        every_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(every_rank, tokens)
+        assert every_rank[0] == every_rank[1], (sampling, every_rank)
+
+
 def main(scratch: str) -> None:
     dist.init_process_group("gloo")
     for what, (arch, overrides) in MODELS.items():
@@ -153,6 +165,7 @@ def main(scratch: str) -> None:
             split.load_weights((name, rank_part(name, tensor)) for name, tensor in changed.items())
             compare(outputs(split), outputs(whole), f"{what} after update_weights with each rank's part")
             check_injection_and_noise(split, whole, changed)
+            check_unseeded(split)
     check_fp8(Path(scratch))
     if dist.get_rank() == 0:
         (Path(scratch) / "done").write_text("ok")

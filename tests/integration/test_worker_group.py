@@ -21,16 +21,16 @@ def test_ray_workers_are_ranks_of_one_process_group(local_ray):
         group.shutdown()
 
 
-def test_split_pools_work_at_the_same_time(local_ray):
+def test_split_pools_work_at_the_same_time(local_ray, tmp_path):
     from group_workers import SumWorker
 
     actor = RayWorkerGroup(Pool("actor", 1, 1), SumWorker, 0, options=CPU_WORKERS)
     critic = RayWorkerGroup(Pool("critic", 1, 1, first_gpu=1), SumWorker, 0, options=CPU_WORKERS)
     try:
-        pending = [actor.start_all("sleep_and_stamp", 1.5), critic.start_all("sleep_and_stamp", 1.5)]
-        (actor_start, actor_end), = pending[0].wait()
-        (critic_start, critic_end), = pending[1].wait()
-        assert critic_start < actor_end and actor_start < critic_end  # the two calls overlapped
+        # each call returns only once the other pool's call has started: calls run one after the other never meet
+        pending = [actor.start_all("meet", str(tmp_path), "actor", "critic", 30.0),
+                   critic.start_all("meet", str(tmp_path), "critic", "actor", 30.0)]
+        assert pending[0].wait() == ["critic"] and pending[1].wait() == ["actor"]
     finally:
         actor.shutdown()
         critic.shutdown()

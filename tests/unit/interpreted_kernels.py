@@ -22,8 +22,6 @@ import triton.language as tl
 def check_sampling_whole_and_from_vocabulary_parts() -> None:
     from ember.inference.hashing import gumbel_noise, row_keys
     from ember.inference.kernels import sample as kernels
-    from ember.inference.sampling import tokens_from_partials, vocab_partials
-    from ember.rollout.base import SamplingParams
 
     torch.manual_seed(0)
     rows, vocab = 5, 9001  # two chunks of 8192, the second mostly outside the vocabulary
@@ -48,21 +46,38 @@ def check_sampling_whole_and_from_vocabulary_parts() -> None:
                                atol=1e-5, rtol=0)
 
     # rollout TP: each rank's rows of the vocabulary (the last one padded), partials side by side, one combine
-    width = -(-vocab // 2)
-    padded = F.pad(logits, (0, 2 * width - vocab), value=50.0)  # the padding must never be drawn
-    starts = (0, width)
-    partials = torch.cat([kernels.sample_partials(padded[:, first:first + width], padded[:, first:first + width],
-                                                  seeds, positions, 1 / 0.7, 0.7, first, min(width, vocab - first))
-                          for first in starts], dim=-1)
+    assert_parts_draw_the_whole(kernels, logits, seeds, positions, tokens, log_probs, ranks=2)
+    # a vocabulary one entry past a chunk: the last rank's second chunk is all padding (its sum must be 0, not NaN)
+    logits = torch.randn(rows, 16385) * 3
+    assert_parts_draw_the_whole(kernels, logits, seeds, positions, *kernels.fused_sample(logits, logits, seeds, positions,
+                                                                                    1 / 0.7, 0.7), ranks=2)
+    # a vocabulary short of the last rank (9 over 4 ranks of 3 rows): that rank holds padding only
+    logits = torch.randn(rows, 9) * 3
+    assert_parts_draw_the_whole(kernels, logits, seeds, positions, *kernels.fused_sample(logits, logits, seeds, positions,
+                                                                                    1 / 0.7, 0.7), ranks=4)
+
+
+def assert_parts_draw_the_whole(kernels, logits, seeds, positions, tokens, log_probs, ranks: int) -> None:
+    """The draw from `ranks` ranks' rows of the vocabulary (padded to equal rows, padding never drawn), kernel
+    partials and PyTorch partials alike, is the whole vocabulary's draw (`tokens`, `log_probs`)."""
+    from ember.inference.sampling import tokens_from_partials, vocab_partials
+    from ember.rollout.base import SamplingParams
+
+    vocab = logits.shape[1]
+    width = -(-vocab // ranks)
+    padded = F.pad(logits, (0, ranks * width - vocab), value=50.0)  # the padding must never be drawn
+    parts = [(padded[:, first:first + width], first, max(0, min(width, vocab - first)))
+             for first in range(0, ranks * width, width)]
+    partials = torch.cat([kernels.sample_partials(part, part, seeds, positions, 1 / 0.7, 0.7, first, columns)
+                          for part, first, columns in parts], dim=-1)
     combined = kernels.combine_partials(partials)
-    assert torch.equal(combined[0], tokens), combined[0]
+    assert torch.equal(combined[0], tokens), (combined[0], tokens)
     torch.testing.assert_close(combined[1], log_probs, atol=1e-6, rtol=0)
     sampling = SamplingParams(temperature=0.7)
-    reference = tokens_from_partials(torch.cat([
-        vocab_partials(padded[:, first:first + width], sampling, seeds, positions, first, min(width, vocab - first))
-        for first in starts], dim=-1))
-    assert torch.equal(tokens_from_partials(partials)[0], reference[0])
-    torch.testing.assert_close(tokens_from_partials(partials)[1], reference[1], atol=1e-5, rtol=0)
+    reference = tokens_from_partials(torch.cat([vocab_partials(part, sampling, seeds, positions, first, columns)
+                                                for part, first, columns in parts], dim=-1))
+    assert torch.equal(reference[0], tokens), (reference[0], tokens)
+    torch.testing.assert_close(reference[1], log_probs, atol=1e-5, rtol=0)
 
 
 def check_norm_and_swiglu() -> None:

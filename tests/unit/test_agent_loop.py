@@ -39,6 +39,9 @@ class ScriptedEngine:
         self.continued: list[int] = []  # samples whose next turn came through continue_turn
         self.released: list[int | None] = []  # release_kv's arguments, in order
 
+    def request_seed(self, seed):  # one rank: the call's seed as given
+        return seed
+
     def continue_turn(self, sequence_id, token_ids, seed, max_new_tokens):
         self.continued.append(sequence_id)
         self.submit(token_ids, [seed], max_new_tokens, sequence_id)

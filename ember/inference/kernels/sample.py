@@ -101,7 +101,9 @@ def _sample_chunk_kernel(
         best_index = tl.where(better, start + tile_index, best_index)
         best = tl.where(better, tile_best, best)
         new_max = tl.maximum(running_max, tl.max(logits, axis=0))
-        running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(logits - new_max), axis=0)
+        # a tile past the rank's last vocabulary row (the last rank's padding) has no entry: -inf - -inf is NaN
+        running_sum = tl.where(new_max == -float("inf"), 0.0,
+                               running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(logits - new_max), axis=0))
         running_max = new_max
     slot = row * 5 * chunks + chunk
     tl.store(partials_ptr + slot, best)

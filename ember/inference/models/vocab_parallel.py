@@ -51,7 +51,7 @@ class VocabParallelHead(nn.Module):
         self.tensor_parallel = tensor_parallel
         self.vocab_size = vocab_size
         self.first_row, rows = vocab_rows(vocab_size, tensor_parallel.size, tensor_parallel.rank)
-        self.columns = min(rows, vocab_size - self.first_row)  # this rank's rows that are not padding
+        self.columns = max(0, min(rows, vocab_size - self.first_row))  # this rank's rows that are not padding
         self.weight = nn.Parameter(torch.empty(rows, hidden_size))
 
     def forward(self, hidden_states: Tensor) -> Tensor:
