@@ -6,11 +6,12 @@ The driver keeps up to `steps_ahead` generations started for later steps (`InFli
 step order); the rollout's worker runs them one after another, each with the weights it holds when
 it starts. one_step_off: as soon as step k's samples are in, the rollout is sent the actor's current
 weights (step k-1's update) and starts on step k+1's prompts while step k trains, so samples are one
-update behind. fully_async: generation runs ceil(`staleness_threshold`) steps ahead; the rollout gets
-new weights only every `trigger_parameter_sync_step` updates, and a batch whose oldest sample is
-more than the bound behind the weights about to train on it is dropped (counted in
-`rollout/stale_dropped`) and generated again, after a sync, with the same prompts and seeds. Each
-sample carries the version that generated it (`Batch.policy_versions`), and rollout correction
+update behind. fully_async: generation runs B = ceil(`staleness_threshold`) steps ahead and the rollout gets
+new weights only every T = `trigger_parameter_sync_step` updates, so a sample is at most B + T - 1 updates
+behind the weights that train on it (a weight sync counts as verl's parameter version does: a generation
+started between two syncs is not stale for it). The schedule keeps every batch within that bound; one past
+it would be dropped (counted in `rollout/stale_dropped`) and generated again, after a sync, with the same
+prompts and seeds. Each sample carries the version that generated it (`Batch.policy_versions`), and rollout correction
 (`algorithm.rollout_correction`, bypass mode too) applies to the lag as to any other gap.
 
 The one thing to know about checkpoints: a checkpoint written while generations are in flight
@@ -45,8 +46,9 @@ class GenerationPlan:
         if section.mode == "one_step_off":
             return cls(steps_ahead=1, sync_every=1, max_staleness=None)  # one behind by construction
         if section.mode == "fully_async":
-            bound = math.ceil(section.staleness_threshold)
-            return cls(steps_ahead=bound, sync_every=section.trigger_parameter_sync_step, max_staleness=bound)
+            ahead, sync_every = math.ceil(section.staleness_threshold), section.trigger_parameter_sync_step
+            # weights held between syncs lag up to sync_every - 1 updates more: no batch is dropped for that alone
+            return cls(steps_ahead=ahead, sync_every=sync_every, max_staleness=ahead + sync_every - 1)
         return cls(steps_ahead=0, sync_every=1, max_staleness=None)
 
     def sync_due(self, actor_version: int, synced_version: int | None) -> bool:

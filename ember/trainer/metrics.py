@@ -66,7 +66,7 @@ def compute_timing_metrics(timings: dict[str, float], batch: Batch) -> dict[str,
 def staleness_metrics(batch: Batch, trained_version: int) -> dict[str, float]:
     """How many updates behind the weights that train on them (`trained_version`) the samples' generating
     weights are: 0 in synchronous training, 1 with one_step_off after its first step, at most
-    ceil(async_training.staleness_threshold) with fully_async."""
+    ceil(async_training.staleness_threshold) + trigger_parameter_sync_step - 1 with fully_async."""
     if batch.policy_versions is None:
         return {}
     lag = (trained_version - batch.policy_versions).float()

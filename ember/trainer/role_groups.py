@@ -217,6 +217,9 @@ class RolloutGroup(RoleGroup):
         seconds the sync took and the bytes it sent (empty where nothing was sent)."""
         if self.sender is None or version == self.synced_version:
             return {}
+        # The rollout ranks run one call at a time: a sync sent now would wait behind the generations queued there
+        # while the actor's side of the broadcast stays open, past the weight group's timeout on long answers.
+        self._run_all("idle")
         sending = self.sender.start_send()
         receiving = self._start_all("receive_weights")
         sent = sending.wait()  # the source's failure first: receivers then wait

@@ -95,6 +95,9 @@ class PolicyRollout:
         self.specs = specs
         self.transfer = WeightTransfer(address, port, 1 + rank(), group_size, self.weight_timeout_s)
 
+    def idle(self) -> None:
+        """Nothing: it returns once the calls sent before it have run (a weight sync waits for it)."""
+
     def receive_weights(self) -> int:
         """Take one sync of the actor's weights into the engine; the version received."""
         with phase("rollout/weight_receive"):

@@ -24,11 +24,12 @@ class AsyncTrainingConfig:
                 "one_step_off_policy, needs actor_rollout_ref.hybrid_engine=false): step k+1's samples are generated "
                 "while step k trains, with the weights of step k-1 (one update behind); fully_async (verl's "
                 "fully_async_policy, hybrid_engine=false): generation runs up to ceil(staleness_threshold) steps "
-                "ahead, weights synced every trigger_parameter_sync_step updates, samples further behind than that "
-                "dropped and generated again")
+                "ahead, weights synced every trigger_parameter_sync_step updates, samples further behind than the two "
+                "allow dropped and generated again")
     staleness_threshold: float = field_(
-        1.0, "fully_async: the most updates a sample's weights may be behind the weights that train on it, and how "
-             "many steps generation runs ahead (rounded up: 0.1 = 1); 0 generates each step when it trains")
+        1.0, "fully_async: how many steps generation runs ahead (rounded up: 0.1 = 1); a sample's weights are then at "
+             "most that many updates behind the weights that train on it, plus trigger_parameter_sync_step - 1; "
+             "0 generates each step when it trains")
     trigger_parameter_sync_step: int = field_(
         1, "fully_async: the rollout gets the actor's weights every this many updates (in between it generates "
            "with the weights it has)")
