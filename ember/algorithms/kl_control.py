@@ -8,6 +8,8 @@ rule of Ziegler et al. 2019 (verl's `algorithm.kl_ctrl.type=adaptive`).
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ember.algorithms.kl import kl_penalty
@@ -43,6 +45,8 @@ class AdaptiveKLController:
         self.horizon = horizon
 
     def update(self, current_kl: float, n_steps: int) -> None:
+        if not math.isfinite(current_kl):  # its step's update is skipped as unsound; the coefficient must stay a number
+            return
         error = min(max(current_kl / self.target_kl - 1, -ADAPTIVE_ERROR_LIMIT), ADAPTIVE_ERROR_LIMIT)
         self.value *= 1 + error * n_steps / self.horizon
 

@@ -109,12 +109,22 @@ class Scheduler:
             if held is not None:
                 self.block_manager.free(held)
 
-    def _make_room(self, blocks: int) -> bool:
-        """Release held sequences, oldest first, until `blocks` blocks are free; whether any was released."""
+    def _make_room(self, blocks: int, keep: Sequence | None = None) -> bool:
+        """Free blocks until `blocks` are free: held sequences' first, oldest first, then those of continued turns
+        still waiting (the last queued first; each is prefilled whole when its turn comes), never `keep`'s;
+        whether any were freed."""
         released = False
         while self.held and self.block_manager.num_free_blocks < blocks:
             self.release_held(next(iter(self.held)))
             released = True
+        for group in reversed(self.waiting):
+            if self.block_manager.num_free_blocks >= blocks:
+                break
+            turn = group[0]
+            if turn.cached_tokens and turn is not keep:
+                self.block_manager.free(turn)
+                turn.cached_tokens = 0
+                released = True
         return released
 
     def is_finished(self) -> bool:
@@ -126,7 +136,7 @@ class Scheduler:
         step = self._schedule_prefill()
         if step.chunks:
             return step
-        if not self.running and self.waiting and self._make_room(self.block_manager.num_blocks):
+        if not self.running and self.waiting and self._make_room(self.block_manager.num_blocks, self.waiting[0][0]):
             return self.schedule(lookahead)  # the held turns' blocks went back: the waiting prompt fits now
         if not self.running:
             group = self.waiting[0]
@@ -157,7 +167,7 @@ class Scheduler:
                 and (len(leader) - start <= budget or self.config.enable_chunked_prefill)
             )
             if fits and blocks > self.block_manager.num_free_blocks:
-                self._make_room(blocks)  # held turns give their blocks back, oldest first
+                self._make_room(blocks, leader)  # held turns give their blocks back, oldest first
             if not fits or blocks > self.block_manager.num_free_blocks:
                 break
             self.waiting.popleft()
@@ -195,7 +205,7 @@ class Scheduler:
             needed = slots_for_window(sequence, lookahead)
             while not self.block_manager.try_append(sequence, needed):
                 if self._make_room(self.block_manager.blocks_missing(sequence, needed)):
-                    continue  # held turns gave their blocks back before a running sequence is preempted
+                    continue  # held or waiting turns gave their blocks back before a running sequence is preempted
                 victim = candidates.pop() if candidates else sequence
                 self._preempt(victim)
                 if victim is sequence:

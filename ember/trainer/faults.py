@@ -9,6 +9,10 @@ import math
 import signal
 import threading
 
+import torch
+import torch.distributed as dist
+
+from ember.distributed.device import current_device, is_distributed
 from ember.errors import UserError
 
 
@@ -36,6 +40,16 @@ class StopRequest:
     def __exit__(self, *exc) -> None:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
+
+    def on_any_rank(self) -> bool:
+        """Whether any rank of the process group was asked to stop (one small all-reduce; `requested` in a single
+        process). Each rank's signal lands on its own side of a step's end: ranks that decided alone could save
+        while another trained on, and their mismatched collectives hang."""
+        if not is_distributed():
+            return self.requested
+        flag = torch.tensor([float(self.requested)], device=current_device())
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
 
 class BadStepsError(UserError):

@@ -141,11 +141,13 @@ class SFTTrainer:
                     self.logger.log(self.step, metrics)
                     if self.guard.should_stop:
                         raise BadStepsError(f"{self.guard.stop_message()}. Lower optim.lr or check the data.")
-                    checkpoint_due = last or _every(trainer.save_freq, self.step) or stop.requested
+                    stopping = stop.on_any_rank()  # every rank stops at the same step, whichever got the signal
+                    checkpoint_due = last or _every(trainer.save_freq, self.step) or stopping
                     saved = self.save() if checkpoint_due else False
-                    if stop.requested:
+                    if stopping:
                         logger.warning("stopping at step %d on %s; %s, resume with trainer.resume_mode=auto", self.step,
-                                       stop.signal_name, "checkpoint saved" if saved else "no checkpoint saved")
+                                       stop.signal_name or "another rank's stop signal",
+                                       "checkpoint saved" if saved else "no checkpoint saved")
                         return
                     if last:
                         break

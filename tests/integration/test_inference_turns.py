@@ -95,3 +95,29 @@ def test_a_context_that_does_not_extend_the_held_tokens_is_prefilled_whole():
     assert continued.generated_token_ids == whole_context_turn(model, context, num_kv_blocks=40).generated_token_ids
     engine.release_kv()
     assert engine.block_manager.num_free_blocks == 40
+
+
+def test_a_waiting_turns_blocks_go_back_before_a_running_sequence_is_stopped():
+    """A continued turn queued behind a full cache holds the blocks it took over; a running sequence that needs
+    a block gets them (the turn is then prefilled whole when there is room) instead of the engine giving up."""
+    model = tiny_model("llama")
+    config = dict(num_kv_blocks=8, max_model_len=32, max_num_batched_tokens=32, decode_window=1)
+    engine = engine_for(model, **config)
+    other = [8, 6, 4, 2, 1, 3, 5, 7, 9]
+    engine.submit(PROMPT, [SEED], 5, hold_kv=True)  # 14 tokens: 4 blocks held when it ends
+    engine.submit(other, [SEED + 1], 20, first_sequence_id=1)  # 14 tokens then too, in 4 blocks: none free
+    finished = []
+    while not finished:
+        finished += engine.step(SAMPLING)
+    (first,) = finished
+    assert first.sequence_id == 0 and engine.block_manager.num_free_blocks == 0
+    context = PROMPT + first.generated_token_ids + TOOL_TURN  # 19 tokens: one block more than it holds
+    engine.continue_turn(first.sequence_id, context, SEED, SAMPLING.max_new_tokens)
+    by_id = {sequence.sequence_id: sequence for sequence in run(engine)}  # the other needs a 5th block
+    expected = whole_context_turn(model, context, **config)
+    assert by_id[0].generated_token_ids == expected.generated_token_ids
+    alone = engine_for(model, **config)
+    alone.submit(other, [SEED + 1], 20, first_sequence_id=1)
+    assert by_id[1].generated_token_ids == run(alone)[0].generated_token_ids
+    engine.release_kv()  # the continued turn holds its blocks for a next one
+    assert engine.block_manager.num_free_blocks == 8

@@ -344,6 +344,39 @@ def test_resume_after_sigterm_and_sigkill_equals_an_uninterrupted_run(workspace,
 
 
 @pytest.mark.slow
+@pytest.mark.slow
+def test_a_stop_signal_on_one_rank_stops_both_at_the_same_step_with_one_checkpoint(workspace, tmp_path):
+    """A signal reaches the ranks at different moments (here only one gets it): they agree each step on whether
+    to stop, so both save the same step and end; a rank deciding alone would save while the other trained on
+    (mismatched collectives: a hang, or a crash)."""
+    psutil = pytest.importorskip("psutil")
+    run_dir = tmp_path / "run"
+    args = run_args(workspace, run_dir, "data.train_batch_size=8", "data.micro_batch_size_per_gpu=2",
+                    "optim.lr=1e-2", "trainer.total_training_steps=200", "trainer.save_freq=2", "trainer.test_freq=-1")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "-m", "ember.trainer.sft", *args]
+    for attempt in range(2):  # a launch can lose a rank as its process group starts (two_ranks.run_two_ranks)
+        with open(tmp_path / "log.txt", "ab") as log:
+            launch = subprocess.Popen(command, env=worker_environment(), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 120
+        while launch.poll() is None and not list_checkpoints(str(run_dir)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if launch.poll() is None:
+            break
+        assert attempt == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    ranks = psutil.Process(launch.pid).children()
+    try:
+        assert len(ranks) == 2
+        ranks[1].send_signal(signal.SIGTERM)
+        assert launch.wait(timeout=120) == 0, (tmp_path / "log.txt").read_text()[-3000:]
+    finally:  # ranks that hang (the failure this test looks for) must not outlive it
+        for process in [*ranks, psutil.Process(launch.pid)] if launch.poll() is None else ranks:
+            if process.is_running():
+                process.kill()
+    stopped_at = list_checkpoints(str(run_dir))[-1][0]
+    assert stopped_at == read_jsonl_metrics(str(run_dir / "metrics.jsonl"))[-1]["step"] < 200
+
+
 def test_two_torchrun_ranks_equal_one_process(workspace, tmp_path):
     # 5 validation conversations over 2 ranks: one rank evaluates a padding copy without targets
     common = ["data.train_batch_size=8", "data.micro_batch_size_per_gpu=2", "optim.lr=1e-2",

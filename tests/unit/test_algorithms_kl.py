@@ -137,3 +137,14 @@ def test_scores_land_on_the_last_valid_token():
         scores_to_token_rewards(torch.tensor([1.0, 2.0]), torch.tensor([[1, 0], [0, 0]]))
     with pytest.raises(ValueError, match=r"one score per response \(4\), got scores of shape \(1,\)"):
         scores_to_token_rewards([1.0], mask)
+
+
+@pytest.mark.parametrize("kl", [float("nan"), float("inf"), float("-inf")])
+def test_a_non_finite_kl_leaves_the_adaptive_coefficient_as_it_was(kl):
+    """A step whose KL is not a number (its update is skipped as unsound) must not turn the coefficient into one:
+    every later step's rewards would be NaN and every checkpoint would carry it."""
+    controller = AdaptiveKLController(init_kl_coef=0.1, target_kl=1.0, horizon=100)
+    controller.update(current_kl=kl, n_steps=10)
+    assert controller.value == 0.1
+    controller.update(current_kl=1.5, n_steps=10)
+    assert controller.value == pytest.approx(0.1 * (1 + 0.2 * 10 / 100))
