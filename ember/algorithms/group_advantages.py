@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from ember.algorithms.advantages import AdvantageInputs
-from ember.algorithms.masked import masked_sum, masked_whiten, zero_padding
+from ember.algorithms.masked import masked_whiten, zero_padding
 from ember.algorithms.registry import register_advantage
 
 
@@ -56,10 +56,12 @@ def group_statistics(scores: torch.Tensor, index: torch.Tensor) -> GroupStatisti
 
 
 def sequence_scores_and_groups(inputs: AdvantageInputs, estimator: str) -> tuple[torch.Tensor, GroupStatistics]:
-    """Per-sequence score (sum of valid token rewards) and its group's statistics."""
+    """Per-sequence score (the sum of its token rewards, which are 0 past the response) and its group's statistics.
+    The sum is not masked, as verl's is not: rollout correction's rejection masks tokens before the advantages,
+    and a sequence whose rewarded last token it rejected still scores that reward for its group."""
     if inputs.group_ids is None:
         raise ValueError(f"The {estimator} estimator needs group_ids (the prompt uid of every sample).")
-    scores = masked_sum(inputs.token_level_rewards, mask=inputs.response_mask, dim=-1)
+    scores = inputs.token_level_rewards.sum(dim=-1)
     index = group_index(inputs.group_ids, scores.shape[0], scores.device)
     return scores, group_statistics(scores, index)
 

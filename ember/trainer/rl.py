@@ -182,10 +182,11 @@ class RLTrainer:
             scores = scored.scores if balance_order is None else scored.scores[torch.tensor(balance_order)]
             batch.token_level_scores = token_level_scores(batch, scores)  # on the last token before rejection
             generated_mask = batch.response_mask
-            correction_metrics = correct_rollout(batch, correction)
+            with timed(timings, "adv"):  # verl's order: the KL penalty on the generated tokens, rejection, advantages
+                metrics = self.apply_kl_in_reward(batch)
+            metrics.update(correct_rollout(batch, correction))
             with timed(timings, "adv"):
-                metrics = self.compute_advantages(batch, reward_baselines)
-            metrics.update(correction_metrics)
+                self.estimate_advantages(batch, reward_baselines)
             if cfg.trainer.rollout_data_dir and rank() == 0:
                 self.dump_rollouts(experience, scored, batch, balance_order)
             critic_update = None
@@ -328,6 +329,14 @@ class RLTrainer:
         return scores.repeat_interleave(self.cfg.actor_rollout_ref.rollout.n)
 
     def compute_advantages(self, batch, reward_baselines: torch.Tensor | None = None) -> dict[str, float]:
+        """The token rewards (`apply_kl_in_reward`) and the advantages and returns (`estimate_advantages`)."""
+        metrics = self.apply_kl_in_reward(batch)
+        self.estimate_advantages(batch, reward_baselines)
+        return metrics
+
+    def apply_kl_in_reward(self, batch) -> dict[str, float]:
+        """`batch.token_level_rewards`: the scores, less the KL penalty with `algorithm.use_kl_in_reward` (whose
+        coefficient then follows the step's KL)."""
         algorithm, metrics = self.cfg.algorithm, {}
         if algorithm.use_kl_in_reward:
             log_probs = (batch.old_log_probs if batch.old_log_probs is not None
@@ -339,12 +348,16 @@ class RLTrainer:
             metrics.update({f"actor/reward_{key}": float(value) for key, value in kl_metrics.items()})
         else:
             batch.token_level_rewards = batch.token_level_scores
+        return metrics
+
+    def estimate_advantages(self, batch, reward_baselines: torch.Tensor | None = None) -> None:
+        """`batch.advantages` and `batch.returns` from the token rewards, by `algorithm.adv_estimator`."""
+        algorithm = self.cfg.algorithm
         batch.advantages, batch.returns = get_advantage_fn(algorithm.adv_estimator)(AdvantageInputs(
             token_level_rewards=batch.token_level_rewards, response_mask=batch.response_mask,
             group_ids=batch.uids, values=batch.values, reward_baselines=reward_baselines,
             gamma=algorithm.gamma, lam=algorithm.lam,
             norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo))
-        return metrics
 
     def sampling(self, step: int | None = None) -> SamplingParams:
         """Sampling of training step `step` (default: the current one): its seed follows the step."""

@@ -22,6 +22,8 @@ from ember.config.placement import Placement, Pool, named_pool_note, plan_placem
 from ember.distributed.ray_cluster import start_ray, write_timeline
 from ember.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from ember.rewards import RewardManager, resolve_reward_fn
+from ember.rewards.contract import RewardConfigError
+from ember.rewards.routing import unknown_sources, unknown_sources_message
 from ember.trainer.rank_setup import import_external_libs, load_tokenizer, run_noise_injection, stop_token_ids
 from ember.trainer.lora_setup import check_lora_model, lora_options
 from ember.trainer.rank_worker import RankWorker
@@ -282,6 +284,15 @@ def pool_roles(cfg: EmberConfig, placement: Placement) -> list[tuple[Pool, tuple
     return [(pool, tuple(roles)) for pool, roles in by_pool.items()]
 
 
+def check_built_in_reward_sources(datasets: dict[str, RLDataset | None]) -> None:
+    """With the built-in reward function, every data_source of the run's files needs a built-in scorer: checked when
+    they load, not at the first batch that draws a row of an unknown source (hours in, or at the first validation)."""
+    for key, dataset in datasets.items():
+        unknown = unknown_sources(sample.data_source for sample in dataset.samples) if dataset is not None else []
+        if unknown:
+            raise RewardConfigError(f"{key}: {unknown_sources_message(unknown)}")
+
+
 def build_worker_groups(cfg: EmberConfig, total_steps: int, use_ray: bool | None = None) -> dict[str, object]:
     """A worker group per pool of the run, keyed by role: in this process for a run of one device,
     Ray workers otherwise (one per GPU of each pool); `use_ray` forces either (benchmarks of Ray's cost)."""
@@ -336,6 +347,8 @@ def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLCompone
         train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg, tools)
         train_loader = PromptLoader(train_dataset, prompts_per_round(cfg), shuffle=cfg.data.shuffle, seed=cfg.data.seed)
         val_dataset = build_dataset(cfg.data.val_files, tokenizer, cfg, tools) if cfg.data.val_files else None
+        if not (cfg.custom_reward_function.path or cfg.data.reward_fn):
+            check_built_in_reward_sources({"data.train_files": train_dataset, "data.val_files": val_dataset})
     total_steps = total_training_steps(cfg, len(train_loader))
     warn_overridden_settings(cfg, total_steps)
     with startup.phase("roles"):

@@ -236,3 +236,20 @@ def test_save_contents_hf_model_writes_a_transformers_folder_per_role_in_each_ch
     assert AutoModelForTokenClassification.from_pretrained(step / "critic" / "huggingface").config.num_labels == 1
     export_checkpoint(str(step), str(tmp_path / "out"))  # the checkpoint itself is still whole
     assert (tmp_path / "out" / "config.json").is_file()
+
+
+def test_a_data_source_without_a_built_in_scorer_stops_the_run_when_its_file_loads(inputs, tmp_path):
+    """With the built-in reward function, every data_source of the train and validation files needs a scorer: one
+    row of an unknown source stops the run at its start (naming the source and the fix), not hours in, at the
+    first batch that draws the row."""
+    from ember.data.parquet import write_parquet
+    from ember.rewards.contract import RewardConfigError
+
+    rows = make_arithmetic_splits("add2", TRAIN_SIZE, TEST_SIZE, seed=0)["test"]
+    rows[-1] = dict(rows[-1], data_source="numina_x")
+    val_file = write_parquet(rows, tmp_path / "mixed.parquet")
+    overrides = run_overrides(inputs, tmp_path / "run", "custom_reward_function.path=null",
+                              f"data.val_files={val_file}")
+    with pytest.raises(RewardConfigError, match=r"data.val_files: no built-in reward function for data_source "
+                                                r"'numina_x'.*custom_reward_function.path"):
+        build_trainer(overrides)

@@ -174,6 +174,9 @@ def test_remax_subtracts_greedy_baseline_without_whitening():
 
 @pytest.mark.parametrize("name", ["gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax"])
 def test_values_under_the_mask_change_nothing(name):
+    """Values under the mask never count; token rewards there count only for the group estimators, which sum a
+    sequence's rewards unmasked as verl does (the trainer's rewards are 0 past the response; a token rejected by
+    rollout correction keeps its reward for its sequence's score)."""
     generator = torch.Generator().manual_seed(2)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0], [1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
     rewards = torch.randn(4, 4, generator=generator)
@@ -182,8 +185,9 @@ def test_values_under_the_mask_change_nothing(name):
     common = dict(group_ids=[0, 0, 1, 1], reward_baselines=torch.randn(4, generator=generator), gamma=0.9, lam=0.95)
     clean = get_advantage_fn(name)(AdvantageInputs(token_level_rewards=rewards, response_mask=mask, values=values,
                                                    **common))
-    noisy = get_advantage_fn(name)(AdvantageInputs(token_level_rewards=rewards + noise, response_mask=mask,
-                                                   values=values - noise, **common))
+    group_estimator = name in ("grpo", "rloo", "reinforce_plus_plus_baseline")
+    noisy = get_advantage_fn(name)(AdvantageInputs(token_level_rewards=rewards + (0 if group_estimator else noise),
+                                                   response_mask=mask, values=values - noise, **common))
     for clean_tensor, noisy_tensor in zip(clean, noisy):
         assert torch.allclose(clean_tensor, noisy_tensor, atol=1e-6)
         assert torch.count_nonzero(clean_tensor * (1 - mask)) == 0
@@ -217,3 +221,19 @@ def test_group_ids_must_match_batch():
         get_advantage_fn("grpo")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask, group_ids=[0, 0, 1]))
     with pytest.raises(ValueError, match="needs group_ids"):
         get_advantage_fn("rloo")(AdvantageInputs(token_level_rewards=rewards, response_mask=mask))
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "rloo"])
+def test_a_rejected_last_token_keeps_its_sequences_outcome_in_the_group(estimator):
+    """Rollout correction's rejection masks tokens before the advantages (verl's order): a sequence whose last
+    token, the one holding its outcome reward, was rejected still scores that reward for its group (verl sums the
+    token rewards unmasked); only its rejected tokens get no advantage."""
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    rejected = mask.clone()
+    rejected[0, 2] = 0.0  # sample 0's last token rejected
+    fn = get_advantage_fn(estimator)
+    kept, _ = fn(AdvantageInputs(token_level_rewards=rewards, response_mask=mask, group_ids=[0, 0, 0, 0]))
+    after, _ = fn(AdvantageInputs(token_level_rewards=rewards, response_mask=rejected, group_ids=[0, 0, 0, 0]))
+    torch.testing.assert_close(after, kept * rejected)
+    assert after[0, 0] > 0  # a rewarded sequence stays above its group's baseline

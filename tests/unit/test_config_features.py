@@ -36,6 +36,8 @@ def test_defaults_need_nothing_unimplemented():
     (["trainer.default_hdfs_dir=hdfs://x/ckpt"], "trainer.default_hdfs_dir=hdfs://x/ckpt: copying checkpoints to remote"),
     ([f"{A}.actor.strategy=megatron", f"{A}.actor.megatron.context_parallel_size=2", "trainer.n_gpus_per_node=2",
       f"{A}.rollout.name=ember"], f"{A}.actor.megatron.context_parallel_size=2 is not implemented yet"),
+    ([f"{A}.actor.use_kl_loss=true", f"{A}.actor.kl_loss_type=full"], f"{A}.actor.kl_loss_type=full (the exact KL"),
+    (["algorithm.use_kl_in_reward=true", "algorithm.kl_penalty=full"], "algorithm.kl_penalty=full (the exact KL"),
 ])
 def test_each_unimplemented_switch_is_named(overrides, message):
     cfg = load_config(overrides)

@@ -6,6 +6,7 @@ import pytest
 
 from ember.rewards import RewardItem, arithmetic, gsm8k, resolve_reward_fn
 from ember.rewards import math as math_reward
+from ember.rewards import math_dapo
 from ember.rewards.contract import RewardConfigError
 from ember.rewards.extraction import (
     last_answer_line,
@@ -195,13 +196,19 @@ class TestRouting:
             "DigitalLearningGmbH/MATH-lighteval",
             "HuggingFaceH4/MATH-500",
             "math",
-            "math_dapo",
             "math_dapo_reasoning",
-            "aime24",
         ],
     )
     def test_math_sources_use_equivalence(self, data_source):
         assert default_compute_score(data_source, "\\boxed{\\frac{1}{2}}", "0.5", None) == 1.0
+
+    @pytest.mark.parametrize("data_source", ["math_dapo", "aime24", "aime_2025"])
+    def test_dapo_sources_score_as_verls_math_dapo(self, data_source):
+        """verl's routing: `math_dapo` and every `aime*` source to its DAPO scorer, +1 or -1 on the Answer line."""
+        right = default_compute_score(data_source, "so x = 12.\nAnswer: 12", "12", None)
+        assert right == {"score": 1.0, "acc": 1.0, "pred": "12"}
+        wrong = default_compute_score(data_source, "Answer: 13", "12", None)
+        assert (wrong["score"], wrong["acc"]) == (-1.0, 0.0)
 
     @pytest.mark.parametrize("data_source", ["ember/arithmetic/add2", "ember/arithmetic", "arithmetic"])
     def test_arithmetic_sources(self, data_source):
@@ -215,3 +222,28 @@ class TestRouting:
         assert "'my/dataset'" in message
         assert "openai/gsm8k" in message and "lighteval/MATH" in message
         assert "custom_reward_function.path" in message
+
+
+class TestMathDapo:
+    """verl's DAPO reward: the last `Answer:` line in the response's last 300 characters, normalised as Minerva's
+    evaluation does, against the normalised reference; +1 or -1 (and acc 1 or 0)."""
+
+    @pytest.mark.parametrize("response, ground_truth", [
+        ("The total is 1,234 apples.\nAnswer: 1,234", "1234"),  # thousands separators
+        ("Answer: $\\frac12$", "\\frac{1}{2}"),  # math between dollars, shorthand fractions
+        ("Answer: 5 dollars", "5"),  # units dropped
+        ("answer : x = 7", "7"),  # any case, the text after the last =
+        ("Answer: 3\nchecking...\nAnswer: \\boxed{4}", "4"),  # the last Answer line, a box unwrapped
+        ("Answer: 90^\\circ", "90"),
+    ])
+    def test_equal_after_normalising_scores_plus_one(self, response, ground_truth):
+        assert math_dapo.compute_score(response, ground_truth)["score"] == 1.0
+
+    def test_wrong_missing_or_too_early_answers_score_minus_one(self):
+        assert math_dapo.compute_score("Answer: 5", "6") == {"score": -1.0, "acc": 0.0, "pred": "5"}
+        assert math_dapo.compute_score("\\boxed{6}", "6") == {"score": -1.0, "acc": 0.0, "pred": "[INVALID]"}
+        early = "Answer: 6\n" + "more reasoning. " * 30  # past the last 300 characters
+        assert math_dapo.compute_score(early, "6")["score"] == -1.0
+
+    def test_a_numeric_reference_is_read_as_text(self):
+        assert math_dapo.compute_score("Answer: 42", 42)["score"] == 1.0
