@@ -13,6 +13,7 @@ examples into the tensors a causal-LM forward takes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -25,6 +26,8 @@ from ember.data.chat import check_messages, encode_chat_with_assistant_mask, enc
 from ember.data.parquet import DatasetError, SourceRow, as_file_list, read_parquet_rows, read_parquet_schema
 from ember.data.rl_dataset import truncate_tokens
 
+logger = logging.getLogger(__name__)
+
 SFT_FORMS = ("auto", "messages", "prompt_response", "tokenized")
 SFT_TRUNCATION_MODES = ("error", "left", "right")
 IGNORE_INDEX = -100  # label of positions that carry no loss, as Hugging Face models expect
@@ -36,6 +39,18 @@ class SFTExample:
 
     input_ids: list[int]  # the whole sequence, prompt and response
     loss_mask: list[int]  # 1 where the token is a target of the loss, 0 elsewhere
+
+
+def _report_truncation(paths: list[str], truncation: str, truncated: int, total: int, max_length: int,
+                       untrained: list[int]) -> None:
+    """Logs how many rows truncation changed, and those it left with no token to train on (by row index)."""
+    message = (f"{', '.join(paths)}: data.truncation={truncation} cut {truncated} of {total} rows to "
+               f"data.max_length={max_length}")
+    if untrained:
+        shown = ", ".join(map(str, untrained[:10])) + (f" and {len(untrained) - 10} more" if len(untrained) > 10 else "")
+        message += (f"; rows {shown} keep no token to train on (they fill batch slots and train on nothing): raise "
+                    "data.max_length, or cut from the other side")
+    logger.warning(message)
 
 
 class SFTDataset:
@@ -76,7 +91,8 @@ class SFTDataset:
         optional = {"tokenized": ["attention_mask"], "messages": [tools_key]}.get(self.form, [])
         rows = read_parquet_rows(paths, required, optional=optional)
         self.examples: list[SFTExample] = []
-        for row in rows:
+        truncated, untrained = 0, []
+        for index, row in enumerate(rows):
             input_ids, loss_mask = encode(row)
             if len(input_ids) > max_length:
                 if truncation == "error":
@@ -87,9 +103,14 @@ class SFTDataset:
                     )
                 input_ids = truncate_tokens(input_ids, max_length, truncation)
                 loss_mask = truncate_tokens(loss_mask, max_length, truncation)
+                truncated += 1
+                if not any(loss_mask):
+                    untrained.append(index)
             self.examples.append(SFTExample(input_ids, loss_mask))
         if not self.examples:
             raise DatasetError(f"no rows in {', '.join(paths)}; check data.train_files / data.val_files")
+        if truncated:
+            _report_truncation(paths, truncation, truncated, len(self.examples), max_length, untrained)
 
     def __len__(self) -> int:
         return len(self.examples)

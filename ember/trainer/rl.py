@@ -154,10 +154,10 @@ class RLTrainer:
         with timed(timings, "step"):
             experience, scored, sampling_metrics = self.generate_and_score(prompts, timings)
             batch = experience.batch
-            reward_baselines = None
+            reward_baselines, baseline_failures = None, {}
             if cfg.algorithm.adv_estimator == "remax":
                 with timed(timings, "gen_max"):
-                    reward_baselines = self.greedy_reward_baselines(prompts)
+                    reward_baselines, baseline_failures = self.greedy_reward_baselines(prompts)
             parts.rollout.sleep()
             balance_metrics, balance_order = {}, None
             if cfg.trainer.balance_batch:
@@ -202,6 +202,8 @@ class RLTrainer:
             self.guard.record(self.step, metrics.get("actor/skipped", 0.0) > 0 or metrics.get("critic/skipped", 0.0) > 0,
                               {key: metrics[key] for key in WATCHED_METRICS if key in metrics})
         metrics.update(scored.metrics)
+        for key, count in baseline_failures.items():  # ReMax: its greedy responses were scored too
+            metrics[key] = metrics.get(key, 0.0) + count
         metrics.update(sampling_metrics)
         if parts.noise is not None:
             metrics.update(parts.noise.metrics(self.step))
@@ -319,14 +321,16 @@ class RLTrainer:
         write_generations(self.cfg.trainer.rollout_data_dir, self.step,
                           generation_records(experience, scored, self.step, advantages_in_generation_order(batch, order)))
 
-    def greedy_reward_baselines(self, prompts) -> torch.Tensor:
-        """ReMax's baseline: the reward of one greedy response per prompt, for each of its samples."""
+    def greedy_reward_baselines(self, prompts) -> tuple[torch.Tensor, dict[str, float]]:
+        """ReMax's baseline: the reward of one greedy response per prompt, for each of its samples; and the reward
+        function's errors and timeouts on those responses (counted in the step's `reward/errors|timeouts`)."""
         parts = self.parts
         greedy = replace(self.sampling(), n=1, do_sample=False)
         experience = generate_experience(parts.rollout, prompts, greedy, parts.tokenizer, parts.eos_token_ids,
                                          uid_prefix=f"step{self.step}-greedy")
-        scores = score_experience(parts.reward_manager, experience).scores
-        return scores.repeat_interleave(self.cfg.actor_rollout_ref.rollout.n)
+        scored = score_experience(parts.reward_manager, experience)
+        failures = {key: scored.metrics[key] for key in ("reward/errors", "reward/timeouts")}
+        return scored.scores.repeat_interleave(self.cfg.actor_rollout_ref.rollout.n), failures
 
     def compute_advantages(self, batch, reward_baselines: torch.Tensor | None = None) -> dict[str, float]:
         """The token rewards (`apply_kl_in_reward`) and the advantages and returns (`estimate_advantages`)."""

@@ -19,6 +19,7 @@ from ember.inference import LLMEngine  # noqa: E402
 from ember.inference.models.weights import read_safetensors  # noqa: E402
 from ember.rollout.base import Injection, SamplingParams  # noqa: E402
 from ember.workers.noise_injection import NoiseInjection  # noqa: E402
+from ember.distributed.device import shutdown_distributed  # noqa: E402
 from test_inference_engine import PROMPTS, engine_config, tiny_model  # noqa: E402
 from test_inference_moe import MOE_OVERRIDES  # noqa: E402
 
@@ -169,7 +170,7 @@ def main(scratch: str) -> None:
     check_fp8(Path(scratch))
     if dist.get_rank() == 0:
         (Path(scratch) / "done").write_text("ok")
-    dist.destroy_process_group()
+    shutdown_distributed()  # a barrier first: a rank tearing the group down while the other still uses it aborts
 
 
 if __name__ == "__main__":

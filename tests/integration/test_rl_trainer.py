@@ -204,21 +204,24 @@ def test_remax_subtracts_the_reward_of_the_greedy_response(do_sample, inputs, tm
         assert advantages == [0.0] * 4
 
 
-def test_reward_errors_are_counted_and_the_run_completes(inputs, tmp_path):
-    """The reward raises on even answers: the step counts n × (even answers among its prompts). (Step 2's
-    prompts all have even answers: a step whose every sample failed stops the run, test_rl_reward_failures.py.)"""
+@pytest.mark.parametrize("estimator, scored_per_prompt", [("grpo", 4), ("remax", 5)])
+def test_reward_errors_are_counted_and_the_run_completes(inputs, tmp_path, estimator, scored_per_prompt):
+    """The reward raises on even answers: the step counts n × (even answers among its prompts), and with ReMax
+    its greedy baselines' failures too (one more response per prompt). (Step 2's prompts all have even answers: a
+    step whose every sample failed stops the run, test_rl_reward_failures.py.)"""
     run_dir = tmp_path / "run"
     trainer = train(run_overrides(inputs, run_dir, "trainer.total_training_steps=1", "trainer.val_before_train=False",
                                   "reward_model.num_workers=1", "reward_model.failure_score=-1.0",
+                                  f"algorithm.adv_estimator={estimator}",
                                   "+custom_reward_function.reward_kwargs.fail_even_answers=True"))
     rows = make_arithmetic_splits("add2", TRAIN_SIZE, TEST_SIZE, seed=0)["train"]  # the rows of inputs.train_file
     loader = iter(PromptLoader(rows, batch_size=4, shuffle=True, seed=trainer.cfg.data.seed))
     step = metrics_by_step(run_dir)[1]
     answers = [int(row["reward_model"]["ground_truth"]) for row in next(loader)]
-    expected_errors = 4 * sum(answer % 2 == 0 for answer in answers)
+    expected_errors = scored_per_prompt * sum(answer % 2 == 0 for answer in answers)
     assert step["reward/errors"] == expected_errors
     assert step["critic/score/min"] == -1.0
-    assert 0 < expected_errors < 16  # this batch holds both even and odd answers
+    assert 0 < expected_errors < 4 * scored_per_prompt  # this batch holds both even and odd answers
     assert (run_dir / "hf_model" / "model.safetensors").is_file()
 
 

@@ -7,6 +7,7 @@ import torch
 import torch.distributed as dist
 
 from ember.engines.megatron.log_probs import vocab_parallel_log_probs
+from ember.distributed.device import shutdown_distributed
 
 WEIGHT = 0.5  # the entropy term of the test loss
 
@@ -34,7 +35,7 @@ def main(out_file: str) -> None:
     if rank == 0:
         with open(out_file, "w") as handle:
             handle.write("ok")
-    dist.destroy_process_group()
+    shutdown_distributed()  # a barrier first: a rank tearing the group down while the other still uses it aborts
 
 
 if __name__ == "__main__":

@@ -171,3 +171,18 @@ def test_a_rows_tools_reach_the_chat_template(tmp_path, tools):
     bad = write(tmp_path, [{"messages": messages, "tools": "not json"}], name="bad.parquet")
     with pytest.raises(DatasetError, match="tools.*is text but not JSON"):
         SFTDataset(bad, tokenizer, max_length=200, form="messages")
+
+
+def test_truncated_rows_are_counted_and_rows_left_without_a_target_named(tmp_path, caplog):
+    """Truncation changes rows: the dataset says how many, and which rows it left with no token to train on
+    (they would cost a batch slot and train on nothing)."""
+    import logging
+
+    tokenizer = make_tokenizer()
+    short = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    path = write(tmp_path, [{"messages": short}, {"messages": CONVERSATION}, {"messages": CONVERSATION}])
+    with caplog.at_level(logging.WARNING, logger="ember.data"):
+        dataset = SFTDataset(path, tokenizer, max_length=3, truncation="right")
+    assert len(dataset) == 3 and sum(dataset[1].loss_mask) == 0  # rows stay; what they lost is reported
+    assert "data.truncation=right cut 3 of 3 rows to data.max_length=3" in caplog.text
+    assert "rows 0, 1, 2 keep no token to train on" in caplog.text
