@@ -23,7 +23,6 @@ from ember.distributed.ray_cluster import start_ray, write_timeline
 from ember.distributed.worker_group import LocalWorkerGroup, RayWorkerGroup
 from ember.rewards import RewardManager, resolve_reward_fn
 from ember.rewards.contract import RewardConfigError
-from ember.rewards.routing import unknown_sources, unknown_sources_message
 from ember.trainer.rank_setup import import_external_libs, load_tokenizer, run_noise_injection, stop_token_ids
 from ember.trainer.lora_setup import check_lora_model, lora_options
 from ember.trainer.rank_worker import RankWorker
@@ -287,6 +286,8 @@ def pool_roles(cfg: EmberConfig, placement: Placement) -> list[tuple[Pool, tuple
 def check_built_in_reward_sources(datasets: dict[str, RLDataset | None]) -> None:
     """With the built-in reward function, every data_source of the run's files needs a built-in scorer: checked when
     they load, not at the first batch that draws a row of an unknown source (hours in, or at the first validation)."""
+    from ember.rewards.routing import unknown_sources, unknown_sources_message  # its scorers import math_verify
+
     for key, dataset in datasets.items():
         unknown = unknown_sources(sample.data_source for sample in dataset.samples) if dataset is not None else []
         if unknown:
