@@ -227,9 +227,8 @@ class LLMEngine:
                     tokens, log_probs = self._prefill(step, sampling)
                 return self._accept(step.sequences, tokens, log_probs, stop_token_ids)
             running = step.decode_sequences
-            steps = min(self.config.decode_window, max(s.max_new_tokens - s.num_generated for s in running))
             with phase("engine/decode"):
-                window = self.decoder.launch(running, steps, sampling)
+                window = self.decoder.launch(running, self._window_steps(running), sampling)
         with phase("engine/decode"):
             self._queued = self._queue_next(window, sampling)
             tokens, log_probs = window.result()
@@ -251,11 +250,16 @@ class LLMEngine:
                     and s.max_new_tokens - s.num_generated > window.steps]
         if not going_on or not self.decoder.can_continue(len(going_on), sampling):
             return None
-        steps = min(self.config.decode_window, max(s.max_new_tokens - s.num_generated for s in going_on) - window.steps)
+        steps = self._window_steps(going_on, ahead=window.steps)
         for sequence in going_on:
             if not self.block_manager.try_append(sequence, slots_for_window(sequence, steps, ahead=window.steps)):
                 return None  # the blocks taken stay with their sequences: its next window needs them anyway
         return self.decoder.launch(going_on, steps, sampling, continuing=True)
+
+    def _window_steps(self, sequences: list[Sequence], ahead: int = 0) -> int:
+        """Decode steps of a window for `sequences`, after `ahead` tokens a window before it samples: at most
+        `decode_window`, and no more than the most any of them has left."""
+        return min(self.config.decode_window, max(s.max_new_tokens - s.num_generated for s in sequences) - ahead)
 
     def _drop_queued(self) -> None:
         """Forget the queued window (its rows are written whole next time), once the device has finished it."""

@@ -72,6 +72,11 @@ def truncated_scores(logits: Tensor, temperature: float, top_k: int, top_p: floa
     return scaled
 
 
+def truncates(sampling: SamplingParams, vocab_size: int) -> bool:
+    """Whether `sampling` cuts the vocabulary (top-k below its size, or top-p below 1)."""
+    return 0 < sampling.top_k < vocab_size or sampling.top_p < 1
+
+
 def sample_next_tokens(logits: Tensor, sampling: SamplingParams, seeds: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
     """Next token of each row of `logits` (rows, vocab) and its rollout log-prob; both (rows,).
 
@@ -79,13 +84,12 @@ def sample_next_tokens(logits: Tensor, sampling: SamplingParams, seeds: Tensor, 
     will take in its sequence. Greedy rows ignore both.
     """
     log_temperature = log_prob_temperature(sampling)
-    truncates = 0 < sampling.top_k < logits.shape[-1] or sampling.top_p < 1
     if logits.is_cuda:
         from ember.inference.kernels.sample import fused_sample
 
         if sampling.greedy:
             return fused_sample(logits, logits, None, None, 1.0, log_temperature)
-        if truncates:
+        if truncates(sampling, logits.shape[-1]):
             scores = truncated_scores(logits, sampling.temperature, sampling.top_k, sampling.top_p)
             return fused_sample(scores, logits, seeds, positions, 1.0, log_temperature)
         return fused_sample(logits, logits, seeds, positions, 1.0 / sampling.temperature, log_temperature)
@@ -106,10 +110,8 @@ def vocab_partials(logits: Tensor, sampling: SamplingParams, seeds: Tensor, posi
     if logits.is_cuda:
         from ember.inference.kernels.sample import sample_partials
 
-        if sampling.greedy:
-            return sample_partials(logits, logits, None, None, 1.0, log_temperature, first, columns)
-        return sample_partials(logits, logits, seeds, positions, 1.0 / sampling.temperature, log_temperature, first,
-                               columns)
+        noise = (None, None, 1.0) if sampling.greedy else (seeds, positions, 1.0 / sampling.temperature)
+        return sample_partials(logits, logits, *noise, log_temperature, first, columns)
     logits = logits[:, :columns].float()
     if logits.shape[1] == 0:  # a rank of padding rows only (a vocabulary short of the last rank): nothing to draw
         empty = torch.tensor([float("-inf"), first, float("-inf"), 0.0, float("-inf")], device=logits.device)

@@ -20,7 +20,7 @@ from torch import Tensor, nn
 
 from ember.inference.models.weight_shards import vocab_rows
 from ember.inference.request import SamplingParams
-from ember.inference.sampling import sample_next_tokens, tokens_from_partials, vocab_partials
+from ember.inference.sampling import sample_next_tokens, tokens_from_partials, truncates, vocab_partials
 from ember.inference.tensor_parallel import TensorParallel
 
 
@@ -63,8 +63,7 @@ class VocabParallelHead(nn.Module):
                positions: Tensor) -> tuple[Tensor, Tensor]:
         """Each row's next token and its rollout log-prob, as `sampling.sample_next_tokens` draws them from the
         whole logits, the same on every rank: under tensor parallelism from every rank's partials."""
-        truncates = 0 < sampling.top_k < self.vocab_size or sampling.top_p < 1
-        if self.tensor_parallel.size == 1 or truncates:
+        if self.tensor_parallel.size == 1 or truncates(sampling, self.vocab_size):
             return sample_next_tokens(self(hidden_states), sampling, seeds, positions)
         partials = vocab_partials(F.linear(hidden_states, self.weight), sampling, seeds, positions, self.first_row,
                                   self.columns)
