@@ -48,6 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ember-override", action="append", default=[], metavar="KEY=VALUE",
                         help="any other `ember train` setting (repeatable)")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds one launch may take")
+    parser.add_argument("--log-dir", default=None,
+                        help="also keep each launch's whole output as DIR/run<N>.log (with PYTHONPROFILEIMPORTTIME=1 in "
+                             "the environment, its imports' times)")
     parser.add_argument("--commit", default=None, help="commit to report; default: `git rev-parse --short HEAD`")
     parser.add_argument("--out", default=None, help="also write the results as JSON to this file")
     return parser.parse_args(argv)
@@ -75,13 +78,17 @@ def first_step_s(run_dir: str) -> float:
     raise RuntimeError(f"{run_dir}/metrics.jsonl has no timing_s/step")
 
 
-def launch(overrides: list[str], run_dir: str, timeout: float) -> dict[str, float]:
-    """One `ember train` process; its wall clock to exit, start-up parts and first step."""
+def launch(overrides: list[str], run_dir: str, timeout: float, log_file: str | None = None) -> dict[str, float]:
+    """One `ember train` process; its wall clock to exit, start-up parts and first step (its output kept in
+    `log_file` if given)."""
     command = [sys.executable, "-m", "ember", "train", *overrides, f"trainer.default_local_dir={run_dir}"]
     start = time.perf_counter()
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=REPO_DIR)
     wall = time.perf_counter() - start
     log = result.stdout + result.stderr
+    if log_file is not None:
+        with open(log_file, "w", encoding="utf-8") as handle:
+            handle.write(log)
     if result.returncode != 0:
         raise RuntimeError(f"ember train exited with {result.returncode}:\n{log[-3000:]}")
     times = parse_startup(log)
@@ -121,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     workload.check()
     env = environment(args.commit or git_commit(REPO_DIR))
     runs = []
+    if args.log_dir is not None:
+        os.makedirs(args.log_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ember-startup-bench-") as work_dir:
         tokenizer = train_tiny_tokenizer()
         dtype = torch.bfloat16 if accelerator_available() else torch.float32
@@ -129,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
         data_file = write_prompt_parquet(prompts, os.path.join(work_dir, "prompts.parquet"))
         overrides = ember_overrides(workload, model_dir, data_file, write_reward_file(work_dir), "unused", 1024)
         for index in range(args.runs):
-            runs.append(launch(overrides + args.ember_override, os.path.join(work_dir, f"run{index}"), args.timeout))
+            log_file = None if args.log_dir is None else os.path.join(args.log_dir, f"run{index}.log")
+            runs.append(launch(overrides + args.ember_override, os.path.join(work_dir, f"run{index}"), args.timeout,
+                               log_file))
             print(f"run {index + 1}: start-up {runs[-1]['total']:.1f} s, first step {runs[-1]['first_step']:.2f} s",
                   flush=True)
     print()

@@ -54,27 +54,52 @@ def sequence_seed(request_seed: int | None, sequence_id: int) -> int:
 def truncated_scores(logits: Tensor, temperature: float, top_k: int, top_p: float) -> Tensor:
     """logits / temperature in float32, -inf outside the top-k tokens and the top-p nucleus.
 
-    top_k <= 0 and top_p = 1 turn the respective cut off. The nucleus is the smallest set
-    of most likely tokens whose probability reaches top_p (the most likely token always stays).
+    top_k <= 0 and top_p = 1 turn the respective cut off. Top-k keeps the k largest and every token tied with
+    the k-th; top-p then keeps the smallest set of most likely tokens (of those) whose probability reaches
+    top_p, and every token tied with the least likely of the set, so the cut never depends on the order of
+    equal logits (the most likely token always stays). Both cuts are one threshold on the scaled logits
+    (`kept_threshold`).
     """
     scaled = logits.float() / temperature
-    if 0 < top_k < scaled.shape[-1]:
-        kth_largest = scaled.topk(top_k, dim=-1).values[:, -1:]
-        scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
-    if top_p < 1:
-        sorted_logits, order = scaled.sort(dim=-1, descending=True)
-        sorted_probabilities = sorted_logits.softmax(dim=-1)
-        mass_before = sorted_probabilities.cumsum(dim=-1) - sorted_probabilities
-        outside = mass_before >= top_p
-        outside[:, 0] = False
-        outside_in_vocab_order = torch.zeros_like(outside).scatter(-1, order, outside)
-        scaled = scaled.masked_fill(outside_in_vocab_order, float("-inf"))
-    return scaled
+    if not truncates_vocabulary(top_k, top_p, scaled.shape[-1]):
+        return scaled
+    return scaled.masked_fill(scaled < kept_threshold(scaled, top_k, top_p), float("-inf"))
+
+
+def kept_threshold(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
+    """(rows, 1): the least scaled logit the top-k / top-p cut keeps in each row of `scaled` (rows, vocab).
+
+    With a top-k the nucleus lies among the k largest (`topk`, no sort of the vocabulary): their probabilities
+    over the kept set (the k, plus any tokens outside them tied with the k-th) give the mass before each of them.
+    Without one, the row is sorted. The threshold is the least candidate whose mass before it is below top_p.
+    """
+    vocab = scaled.shape[-1]
+    if 0 < top_k < vocab:
+        candidates = scaled.topk(top_k, dim=-1).values  # descending
+        kth = candidates[:, -1:]
+        if top_p >= 1:
+            return kth
+        ties_outside = (scaled == kth).sum(-1, keepdim=True) - (candidates == kth).sum(-1, keepdim=True)
+    else:
+        candidates = scaled.sort(dim=-1, descending=True).values
+        kth, ties_outside = candidates[:, -1:], None
+    weights = (candidates - candidates[:, :1]).exp()
+    total = weights.sum(-1, keepdim=True)
+    if ties_outside is not None:
+        total = total + ties_outside * (kth - candidates[:, :1]).exp()
+    mass_before = (weights.cumsum(-1) - weights) / total
+    kept = (mass_before < top_p).sum(-1, keepdim=True).clamp(min=1)  # a prefix of the candidates
+    return candidates.gather(-1, kept - 1)
+
+
+def truncates_vocabulary(top_k: int, top_p: float, vocab_size: int) -> bool:
+    """Whether a top-k / top-p cut leaves out any of `vocab_size` tokens' scores (see `truncates`)."""
+    return 0 < top_k < vocab_size or top_p < 1
 
 
 def truncates(sampling: SamplingParams, vocab_size: int) -> bool:
     """Whether `sampling` cuts the vocabulary (top-k below its size, or top-p below 1)."""
-    return 0 < sampling.top_k < vocab_size or sampling.top_p < 1
+    return truncates_vocabulary(sampling.top_k, sampling.top_p, vocab_size)
 
 
 def sample_next_tokens(logits: Tensor, sampling: SamplingParams, seeds: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:

@@ -32,6 +32,42 @@ def test_top_p_keeps_the_smallest_set_reaching_p():
     torch.testing.assert_close(only_best, torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
 
 
+def test_a_cut_keeps_every_token_tied_with_its_least_kept_one():
+    # Probabilities 0.4, 0.2, 0.2, 0.2: top-p 0.5 reaches 0.5 inside the tie, and top-k 2 ends inside it; both keep
+    # the whole tie, whatever the order of the tied logits.
+    logits = torch.log(torch.tensor([[0.2, 0.4, 0.2, 0.2]]))
+    for top_k, top_p in ((-1, 0.5), (2, 1.0), (2, 0.5), (3, 0.9)):
+        kept = torch.isfinite(truncated_scores(logits, 1.0, top_k, top_p))
+        assert kept.all(), (top_k, top_p, kept)
+    assert torch.isfinite(truncated_scores(logits, 1.0, -1, 0.4)).tolist() == [[False, True, False, False]]
+
+
+def test_the_cut_is_the_sorted_definition_and_ignores_the_order_of_equal_logits():
+    """The top-k path finds its nucleus among the k largest without sorting the vocabulary: the kept set is
+    the definition's (sort the row, keep the prefix whose mass before each token is below top_p, then every token
+    tied with the prefix's last), and permuting the vocabulary permutes it."""
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        vocab = int(torch.randint(8, 700, (), generator=generator))
+        logits = (torch.randn(6, vocab, generator=generator) * 3).bfloat16().float()  # bf16: many ties
+        top_k = int(torch.randint(1, vocab + 3, (), generator=generator)) if trial % 3 else -1
+        top_p = float(torch.rand((), generator=generator)) * 0.98 + 0.02 if trial % 4 else 1.0
+        scaled = logits / 0.8
+        expected = []
+        for row in scaled:
+            values = row.sort(descending=True).values
+            if 0 < top_k < vocab:
+                values = values[values >= values[top_k - 1]]
+            probabilities = (values - values[0]).exp() / (values - values[0]).exp().sum()
+            before = probabilities.cumsum(0) - probabilities
+            kept = int((before < top_p).sum()) if top_p < 1 else len(values)
+            expected.append(row >= values[max(kept, 1) - 1])
+        kept = torch.isfinite(truncated_scores(logits, 0.8, top_k, top_p))
+        assert torch.equal(kept, torch.stack(expected)), (trial, top_k, top_p)
+        order = torch.randperm(vocab, generator=generator)
+        assert torch.equal(torch.isfinite(truncated_scores(logits[:, order], 0.8, top_k, top_p)), kept[:, order])
+
+
 def test_temperature_scales_logits_before_softmax():
     probabilities = truncated_probabilities(LOGITS, temperature=0.5, top_k=-1, top_p=1.0)
     squared = torch.tensor([[0.125, 0.5, 0.125, 0.25]]) ** 2
