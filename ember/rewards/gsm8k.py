@@ -22,8 +22,15 @@ Set it from the config with
 
 A correct answer earns ``score``; an answer that was found but is wrong earns
 ``format_score``; a response with no answer earns 0.
+
+verl compares the extracted string with the ground truth as it is, so a dataset that stores the
+answer as a number (an integer column in the parquet file) scores every response 0 there,
+silently. ember compares an integer ground truth as its digits (``72`` as ``"72"``) and stops at
+any other non-string one (a float, None, a list) with an error that says to store the final
+number as a string; the reward manager counts and reports it.
 """
 
+import numbers
 import re
 
 from ember.rewards.extraction import last_marked_answer, last_number, normalize_number
@@ -81,5 +88,16 @@ def compute_score(
     answer = extract_answer(solution_str, method, normalize)
     if answer is None:
         return 0.0
-    expected = reference_answer(ground_truth) if normalize else ground_truth
+    expected = reference_answer(ground_truth) if normalize else verl_reference(ground_truth)
     return score if answer == expected else format_score
+
+
+def verl_reference(ground_truth) -> str:
+    """The ground truth as verl's comparison reads it: a string as stored, an integer as its digits."""
+    if isinstance(ground_truth, str):
+        return ground_truth
+    if isinstance(ground_truth, numbers.Integral) and not isinstance(ground_truth, bool):
+        return str(int(ground_truth))
+    raise TypeError(f"gsm8k ground truth must be the final number as a string (e.g. '72'), got "
+                    f"{type(ground_truth).__name__} {ground_truth!r}: store reward_model.ground_truth as a string "
+                    "(`ember preprocess gsm8k` does), or score with normalize=True")

@@ -2,8 +2,12 @@
 
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
+from fixtures import make_tokenizer, rl_row
 
+from ember.data.parquet import write_parquet
+from ember.data.rl_dataset import RLDataset
 from ember.rewards import RewardItem, arithmetic, gsm8k, resolve_reward_fn
 from ember.rewards import math as math_reward
 from ember.rewards import math_dapo
@@ -74,7 +78,8 @@ def test_last_answer_line():
 
 # (response, ground truth, method, verl's score, ember's normalised score): verl 0.9's
 # gsm8k.compute_score gives the first number (worked out from its code by hand), and ember's
-# default must give the same; normalize=True gives the second.
+# default must give the same; normalize=True gives the second. (An integer ground truth, which
+# verl scores 0 whatever the answer, is the one departure: see the tests below.)
 GSM8K_CASES = [
     ("12 + 30 = 42\n#### 42", "42", "strict", 1.0, 1.0),
     ("#### 41\nwait, no\n#### 42", "42", "strict", 1.0, 1.0),
@@ -88,7 +93,6 @@ GSM8K_CASES = [
     ("####72", "72", "strict", 0.0, 1.0),  # verl needs the space
     ("so \\boxed{1,000}", "1000", "strict", 0.0, 1.0),  # verl knows no \boxed
     ("#### 72", "48 + 24 = <<48+24=72>>72\n#### 72", "strict", 0.0, 1.0),  # full solution as ground truth
-    ("#### 42", 42, "strict", 0.0, 1.0),  # verl: the string "42" is not the integer 42
     ("She pays 3 * 6 = 18 dollars.", "18", "strict", 0.0, 0.0),
     ("She pays 3 * 6 = 18 dollars.", "18", "flexible", 1.0, 1.0),
     ("so \\boxed{1,000} dollars for 2 days", "1000", "flexible", 0.0, 1.0),  # verl: the last number, 2
@@ -128,6 +132,23 @@ class TestGsm8k:
     def test_unknown_method_is_an_error(self):
         with pytest.raises(ValueError, match="strict"):
             gsm8k.compute_score("#### 1", "1", method="lenient")
+
+    def test_an_integer_ground_truth_from_a_parquet_column_scores_as_its_digits(self, tmp_path):
+        # verl compares "72" with 72 and scores every response 0; the parquet here stores the answer as int64
+        rows = [rl_row("What is 70 + 2?", 72, data_source="openai/gsm8k"), rl_row("What is 1 - 2?", -1, data_source="openai/gsm8k")]
+        dataset = RLDataset(str(write_parquet(rows, tmp_path / "ints.parquet")), make_tokenizer(), max_prompt_length=1000)
+        first, second = dataset[0], dataset[1]
+        assert first.ground_truth == 72 and not isinstance(first.ground_truth, str)
+        assert default_compute_score(first.data_source, "so #### 72", first.ground_truth) == 1.0
+        assert default_compute_score(second.data_source, "so #### -1", second.ground_truth) == 1.0
+        assert default_compute_score(first.data_source, "so #### 71", first.ground_truth) == 0.0
+        assert gsm8k.compute_score("#### 72", np.int64(72)) == 1.0
+
+    @pytest.mark.parametrize("ground_truth", [72.0, None, [72], True])
+    def test_a_ground_truth_strict_scoring_cannot_match_is_an_error_that_says_to_store_a_string(self, ground_truth):
+        with pytest.raises(TypeError, match="as a string"):
+            gsm8k.compute_score("#### 72", ground_truth)
+        assert gsm8k.compute_score("#### 72", 72.0, normalize=True) == 1.0  # normalised, 72.0 reads as 72
 
 
 class TestMath:
