@@ -4,8 +4,8 @@ A row holds `data_source`, `prompt` (chat messages `[{role, content}]`), `abilit
 `reward_model: {style, ground_truth}` and `extra_info`. Every row is validated and
 tokenized when the dataset is built, so a malformed row or an over-long prompt stops the
 run before training starts, with a message naming the file, the row and the column.
-Over-long prompts are either dropped (`filter_overlong_prompts`, counted and logged) or
-truncated as `truncation` says.
+Over-long prompts are either dropped (`filter_overlong_prompts`) or truncated as `truncation`
+says; either way they are counted (`num_filtered_overlong`, `truncated_rows`) and logged.
 """
 
 from __future__ import annotations
@@ -83,6 +83,7 @@ class RLDataset:
 
         self.samples: list[PromptSample] = []
         self.num_filtered_overlong = 0  # prompts dropped for being longer than max_prompt_length
+        self.truncated_rows: list[int] = []  # indices (as `PromptSample.index`) of the prompts truncation cut
         for index, (row, chat, text, ids) in enumerate(zip(rows, messages, texts, token_ids)):
             # Checked before filtering, so that a malformed row is an error even when it is over-long.
             data_source = _data_source(row, reward_fn_key)
@@ -101,6 +102,7 @@ class RLDataset:
                     )
                 ids = truncate_tokens(ids, max_prompt_length, truncation)
                 text = tokenizer.decode(ids)
+                self.truncated_rows.append(index)
             self.samples.append(
                 PromptSample(
                     prompt_ids=ids,
@@ -119,6 +121,14 @@ class RLDataset:
                 self.num_filtered_overlong,
                 len(rows),
                 max_prompt_length,
+            )
+        if self.truncated_rows:
+            shown = ", ".join(map(str, self.truncated_rows[:10])) + (", ..." if len(self.truncated_rows) > 10 else "")
+            logger.warning(
+                "data.truncation=%s cut %d of %d prompts to data.max_prompt_length=%d tokens (rows %s of %s); "
+                "the model sees them without their %s",
+                truncation, len(self.truncated_rows), len(rows), max_prompt_length, shown, files,
+                {"left": "start", "right": "end (the generation prompt with it)", "middle": "middle"}[truncation],
             )
         if not self.samples:
             raise DatasetError(

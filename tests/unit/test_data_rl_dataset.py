@@ -67,15 +67,20 @@ def test_overlong_prompts_are_filtered_counted_and_logged(prompts_file, caplog):
 
 
 @pytest.mark.parametrize("side", ["left", "right", "middle"])
-def test_truncation_modes(prompts_file, side):
+def test_truncation_modes(prompts_file, side, caplog):
     tokenizer = make_tokenizer()
     full = full_prompt_ids(tokenizer, QUESTIONS[4])
     limit = 7
     expected = {"left": full[-7:], "right": full[:7], "middle": full[:3] + full[-4:]}[side]
-    dataset = RLDataset(
-        prompts_file, tokenizer, max_prompt_length=limit, filter_overlong_prompts=False, truncation=side
-    )
+    with caplog.at_level(logging.WARNING):
+        dataset = RLDataset(
+            prompts_file, tokenizer, max_prompt_length=limit, filter_overlong_prompts=False, truncation=side
+        )
     assert len(dataset) == 5 and dataset.num_filtered_overlong == 0
+    cut = [i for i, q in enumerate(QUESTIONS) if len(full_prompt_ids(tokenizer, q)) > limit]
+    assert dataset.truncated_rows == cut and 4 in cut
+    assert f"data.truncation={side} cut {len(cut)} of 5 prompts" in caplog.text
+    assert "rows " + ", ".join(map(str, cut)) in caplog.text
     assert dataset[4].prompt_ids == expected
     assert dataset[4].prompt_text == tokenizer.decode(expected)
     assert dataset[4].prompt_text.endswith("<|im_start|>assistant\n") == (side != "right")
