@@ -71,9 +71,14 @@ def kept_threshold(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
 
     With a top-k the nucleus lies among the k largest (`topk`, no sort of the vocabulary): their probabilities
     over the kept set (the k, plus any tokens outside them tied with the k-th) give the mass before each of them.
-    Without one, the row is sorted. The threshold is the least candidate whose mass before it is below top_p.
+    Without one, the row is sorted, and the threshold is the least candidate whose mass before it is below top_p;
+    on CUDA the same threshold is searched for instead (`kernels/nucleus.py`).
     """
     vocab = scaled.shape[-1]
+    if scaled.is_cuda and not 0 < top_k < vocab:
+        from ember.inference.kernels.nucleus import nucleus_threshold
+
+        return nucleus_threshold(scaled, top_p)
     if 0 < top_k < vocab:
         candidates = scaled.topk(top_k, dim=-1).values  # descending
         kth = candidates[:, -1:]

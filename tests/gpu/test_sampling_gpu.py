@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from ember.inference.sampling import sample_next_tokens, truncated_scores
+from ember.inference.sampling import kept_threshold, sample_next_tokens, truncated_scores
 from ember.rollout.base import SamplingParams
 
 pytestmark = pytest.mark.gpu
@@ -71,3 +71,26 @@ def test_kernel_draws_the_tokens_of_the_pytorch_path_on_cpu(top_p):
     same = cuda_tokens.cpu() == cpu_tokens
     assert same.float().mean() >= 62 / 64  # float rounding of the logits / log1p may flip a near-tie
     torch.testing.assert_close(cuda_log_probs.cpu()[same], cpu_log_probs[same], atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("scale", [1.0, 4.0])
+def test_the_nucleus_search_cuts_where_the_sorted_row_does(scale):
+    """Top-p without top-k on CUDA searches for the cut (`kernels/nucleus.py`); in float64 the sorted row says where
+    it lies. Every row whose cut is clear of top_p by more than float32 sums can blur keeps exactly that set."""
+    logits = torch.randn(256, 151_936, generator=torch.Generator().manual_seed(3)) * scale
+    logits[:64] = logits[:64].round()  # wide ties: the cut keeps the whole group of its least kept value
+    logits[64:72, :1000] = float("-inf")
+    for top_p in (0.5, 0.9, 0.95):
+        kept = logits >= kept_threshold(logits.cuda(), -1, top_p).cpu()
+        exact = logits.double()
+        exactly_kept = exact >= kept_threshold(exact, -1, top_p)
+        ordered = exact.sort(dim=-1, descending=True).values
+        probabilities = (ordered - ordered[:, :1]).exp()
+        probabilities /= probabilities.sum(-1, keepdim=True)
+        first_of_value = torch.ones_like(ordered, dtype=torch.bool)
+        first_of_value[:, 1:] = ordered[:, 1:] != ordered[:, :-1]  # where the mass before a value can cross top_p
+        mass_before = probabilities.cumsum(-1) - probabilities
+        margin = torch.where(first_of_value, (mass_before - top_p).abs(), torch.inf).min(-1).values
+        clear = margin > 1e-6  # float32's sorted path too parts from float64 at margins near 1e-7
+        assert clear.sum() >= 64, "too few rows away from the rounding of the sums to test anything"
+        assert torch.equal(kept[clear], exactly_kept[clear]), f"top_p {top_p}: rows cut elsewhere"

@@ -80,6 +80,23 @@ def assert_parts_draw_the_whole(kernels, logits, seeds, positions, tokens, log_p
     torch.testing.assert_close(reference[1], log_probs, atol=1e-5, rtol=0)
 
 
+def check_nucleus_threshold_cuts_as_the_sorted_row() -> None:
+    from ember.inference.kernels.nucleus import nucleus_threshold
+    from ember.inference.sampling import kept_threshold
+
+    torch.manual_seed(0)
+    for scale in (0.5, 3.0, 10.0):
+        rows = torch.randn(6, 9001) * scale  # two chunks of 8192, the second mostly outside the vocabulary
+        rows[0, :100] = float("-inf")  # cut already (a top-k before)
+        rows[1] = rows[1].round()  # wide ties: the cut keeps the whole group of its least kept value
+        rows[2, ::4], rows[2, 2::4] = -0.0, 0.0  # -0.0 and +0.0 are one value
+        rows[3, 5] = rows[3].max() + 30  # one token holds almost all the mass: it alone stays
+        for top_p in (0.3, 0.6, 0.9, 0.99):  # (near 1 the cut falls within the sums' rounding, module docstring)
+            got, want = nucleus_threshold(rows, top_p), kept_threshold(rows, -1, top_p)
+            assert torch.equal(rows < got, rows < want), (scale, top_p, got[:, 0], want[:, 0])
+    assert (nucleus_threshold(rows, 0.9)[3] == rows[3, 5]).all()
+
+
 def check_norm_and_swiglu() -> None:
     from ember.inference.kernels import norm_act as kernels
     from ember.inference.models.layers import _rms_norm

@@ -27,8 +27,8 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 from interpreted_kernels import CHECKS, fused_log_probs_and_grads  # noqa: E402
 
-KERNEL_MODULES = ("ember.inference.kernels.sample", "ember.inference.kernels.norm_act",
-                  "ember.inference.kernels.paged_decode", "ember.inference.kernels.rope_cache",
+KERNEL_MODULES = ("ember.inference.kernels.sample", "ember.inference.kernels.nucleus",
+                  "ember.inference.kernels.norm_act", "ember.inference.kernels.paged_decode", "ember.inference.kernels.rope_cache",
                   "ember.engines.log_prob_kernels")
 
 
@@ -116,6 +116,7 @@ def test_every_kernel_compiles_for_an_h100_in_each_variant_the_engine_launches(c
     copies.sample.fused_sample(logits.float(), logits, seeds, positions, 1.0, 1.0)  # truncated scores
     copies.sample.fused_sample(logits, logits, None, None, 1.0, 1.0)  # greedy
     copies.sample.combine_partials(copies.sample.sample_partials(logits, logits, seeds, positions, 1.0, 1.0, 4500))
+    copies.nucleus.nucleus_threshold(logits.float(), 0.9)  # top-p without top-k
 
     states, weight = torch.randn(4, 576, dtype=bf16), torch.randn(576, dtype=bf16)
     copies.norm_act.rms_norm(states, weight, 1e-5)
