@@ -114,6 +114,12 @@ class BadStepGuard:
         return (f"{self.in_a_row} updates in a row were bad (last at {self.last_bad_step}); "
                 f"{self.sound_checkpoint_text()}")
 
+    def unsound_export_message(self, export_dir: str) -> str:
+        where = ("; `ember export CHECKPOINT_DIR OUT_DIR` writes it as a Hugging Face model"
+                 if self.last_sound_checkpoint is not None else "")
+        return (f"final model not exported to {export_dir}: the weights are unsound since {self.unsound_since}; "
+                f"{self.sound_checkpoint_text()}{where}")
+
     def unsound_save_message(self, step: int) -> str:
         return (f"not writing the checkpoint of step {step}: the weights are unsound since {self.unsound_since}; "
                 f"{self.sound_checkpoint_text()}")

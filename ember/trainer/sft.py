@@ -144,7 +144,7 @@ class SFTTrainer:
                     stopping = stop.on_any_rank()  # every rank stops at the same step, whichever got the signal
                     checkpoint_due = last or _every(trainer.save_freq, self.step) or stopping
                     saved = self.save() if checkpoint_due else False
-                    if stopping:
+                    if stopping and not last:  # a stop on the last step finishes the run
                         logger.warning("stopping at step %d on %s; %s, resume with trainer.resume_mode=auto", self.step,
                                        stop.signal_name or "another rank's stop signal",
                                        "checkpoint saved" if saved else "no checkpoint saved")
@@ -217,8 +217,13 @@ class SFTTrainer:
 
     def finish(self) -> None:
         """The trained model as a Hugging Face directory (with LoRA: merged, and the adapter as PEFT's folder
-        `lora_adapter` beside it), and the loss curves as a PNG."""
+        `lora_adapter` beside it), and the loss curves as a PNG; nothing but a warning naming the last sound
+        checkpoint when the weights are unsound (`BadStepGuard`)."""
         export_dir = os.path.join(self.run_dir, "hf_model")
+        if not self.guard.weights_sound:  # diverged in the last steps: no final model of those weights
+            if self.rank == 0:
+                logger.warning(self.guard.unsound_export_message(export_dir))
+            return
         self.engine.export_hf(export_dir, tokenizer=self.tokenizer)
         if self.cfg.model.lora_rank:
             adapter_dir = os.path.join(self.run_dir, LORA_ADAPTER_DIR)

@@ -1,13 +1,17 @@
-"""The end of an RL run: the final policy exported as a Hugging Face directory, a PNG of
-reward and validation accuracy, and a table of accuracy before and after training."""
+"""The end of an RL run: the final policy exported as a Hugging Face directory (unless its weights
+are unsound, `BadStepGuard`: then the warning names the last sound checkpoint to export instead), a
+PNG of reward and validation accuracy, and a table of accuracy before and after training."""
 
 from __future__ import annotations
 
+import logging
 import os
 
 from ember.distributed.device import rank
 from ember.trainer.loggers import format_duration, read_jsonl_metrics
 from ember.trainer.plot import plot_curves, rl_curve_keys
+
+logger = logging.getLogger("ember.trainer")
 
 
 def accuracy_table(history: list[tuple[int, dict[str, float]]], steps: int, seconds: float) -> str:
@@ -36,13 +40,19 @@ def finish_rl_run(trainer, seconds: float) -> dict[str, float]:
     """Exports, plots and prints; returns the last validation metrics."""
     run_dir = trainer.run_dir
     export_dir = os.path.join(run_dir, "hf_model")
-    trainer.parts.actor.export_hf(export_dir, tokenizer=trainer.parts.tokenizer)
+    if trainer.guard.weights_sound:
+        trainer.parts.actor.export_hf(export_dir, tokenizer=trainer.parts.tokenizer)
+        final_model = f"final model (Hugging Face format): {export_dir}"
+    else:
+        final_model = trainer.guard.unsound_export_message(export_dir)
+        if rank() == 0:
+            logger.warning(final_model)
     if rank() != 0:
         return {}
     metrics_path = os.path.join(run_dir, "metrics.jsonl")
     plot_path = plot_curves(metrics_path, os.path.join(run_dir, "curves.png"),
                             rl_curve_keys(read_jsonl_metrics(metrics_path)), "reward and validation accuracy")
     print(accuracy_table(trainer.validation_history, trainer.step, seconds), flush=True)
-    print(f"final model (Hugging Face format): {export_dir}\ncurves: {plot_path}\n"
+    print(f"{final_model}\ncurves: {plot_path}\n"
           f"TensorBoard: tensorboard --logdir {os.path.join(run_dir, 'tensorboard')}", flush=True)
     return trainer.validation_history[-1][1] if trainer.validation_history else {}

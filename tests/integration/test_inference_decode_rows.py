@@ -137,8 +137,11 @@ def test_queued_windows_draw_the_tokens_of_windows_run_one_at_a_time_through_sto
 
     assert {s.finish_reason for s in outputs} == {"stop", "length"}
     assert discarded and "queued, closed up" in paths
-    assert [(s.token_ids, s.log_probs, s.finish_reason) for s in outputs] == \
-           [(s.token_ids, s.log_probs, s.finish_reason) for s in expected]
+    assert [(s.token_ids, s.finish_reason) for s in outputs] == [(s.token_ids, s.finish_reason) for s in expected]
+    # a closed-up window runs its rows at other batch positions, and a CPU GEMM may round a row a last bit apart
+    # by its position (seen on an AVX-512 machine: 1 ulp in 2 of 6 answers); the draws themselves must not move
+    for got, want in zip(outputs, expected):
+        torch.testing.assert_close(torch.tensor(got.log_probs), torch.tensor(want.log_probs), atol=1e-5, rtol=0)
     assert engine._queued is None and engine.block_manager.num_free_blocks == engine.num_kv_blocks
 
 

@@ -150,6 +150,32 @@ def test_a_diverged_loss_keeps_its_weights_out_of_checkpoints_and_names_the_last
                and record.message.endswith(f"the last sound checkpoint is {sound}") for record in caplog.records)
 
 
+def test_a_run_that_ends_on_diverged_weights_exports_no_final_model_and_names_the_sound_checkpoint(inputs, tmp_path,
+                                                                                                   caplog, capsys):
+    run_dir = tmp_path / "run"
+    trainer = build_trainer(run_overrides(inputs, run_dir, "trainer.total_training_steps=3", "trainer.save_freq=2",
+                                          "trainer.val_before_train=False"))
+    worker = trainer.parts.actor.in_process()
+    finite_loss = worker._loss
+
+    def loss_that_blows_up_at_the_last_step(output, batch, context):  # one bad step: too few to stop the run
+        loss, metrics = finite_loss(output, batch, context)
+        return (loss * 1e12, metrics) if trainer.step == 3 else (loss, metrics)
+
+    worker._loss = loss_that_blows_up_at_the_last_step
+    fit(trainer)
+
+    assert metrics_by_step(run_dir)[3]["actor/grad_norm"] > 1e8
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [2]
+    assert not (run_dir / "hf_model").exists()  # the diverged weights are nobody's final model
+    message = (f"final model not exported to {run_dir / 'hf_model'}: the weights are unsound since step 3: "
+               "actor/grad_norm=")
+    assert any(record.message.startswith(message) and record.message.endswith(
+        f"the last sound checkpoint is {run_dir / 'global_step_2'}; `ember export CHECKPOINT_DIR OUT_DIR` writes it as "
+        "a Hugging Face model") for record in caplog.records)
+    assert message in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("key, missing", [
     ("actor_rollout_ref.model.path", "no-such-model"),
     ("data.train_files", "no-such-train.parquet"),

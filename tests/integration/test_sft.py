@@ -128,6 +128,41 @@ def test_a_diverged_loss_keeps_its_weights_out_of_checkpoints(workspace, tmp_pat
     assert [step for step, _ in list_checkpoints(str(run_dir))] == [1]
 
 
+def test_a_run_that_ends_on_diverged_weights_exports_no_final_model(workspace, tmp_path, monkeypatch, caplog):
+    def update_diverging_at_the_last_step(engine, examples, *args):
+        update = sft_update(engine, examples, *args)
+        steps["count"] += 1
+        return {**update, "loss": 3e9} if steps["count"] == 3 else update
+
+    steps = {"count": 0}
+    monkeypatch.setattr("ember.trainer.sft.sft_update", update_diverging_at_the_last_step)
+    run_dir = tmp_path / "run"
+    assert main(["sft", *run_args(workspace, run_dir, "data.train_batch_size=4", "data.micro_batch_size_per_gpu=4",
+                                  "trainer.total_training_steps=3", "trainer.save_freq=1")]) == 0
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [1, 2]
+    assert not (run_dir / "hf_model").exists()
+    assert any(record.message.startswith(f"final model not exported to {run_dir / 'hf_model'}: the weights are unsound "
+                                         "since step 3: train/loss=3e+09")
+               and f"the last sound checkpoint is {run_dir / 'global_step_2'}" in record.message
+               for record in caplog.records)
+
+
+def test_a_stop_requested_during_the_last_step_still_finishes_the_run(workspace, tmp_path, monkeypatch):
+    def update_then_receive_sigterm(engine, examples, *args):
+        steps["count"] += 1
+        if steps["count"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # handled: only sets the stop request
+        return sft_update(engine, examples, *args)
+
+    steps = {"count": 0}
+    monkeypatch.setattr("ember.trainer.sft.sft_update", update_then_receive_sigterm)
+    run_dir = tmp_path / "run"
+    assert main(["sft", *run_args(workspace, run_dir, "data.train_batch_size=4", "data.micro_batch_size_per_gpu=4",
+                                  "trainer.total_training_steps=2")]) == 0
+    assert (run_dir / "hf_model" / "model.safetensors").is_file()  # the run finished: its final model is there
+    assert [step for step, _ in list_checkpoints(str(run_dir))] == [2]
+
+
 @pytest.mark.slow
 def test_tiny_model_learns_and_the_exported_model_answers(workspace, tmp_path):
     run_dir = tmp_path / "run"
