@@ -15,7 +15,8 @@ The design, and why:
   costs about ``timeout_s`` and no other item is charged; the items of the killed chunk that
   had finished are scored again (reward functions are pure, so only time is lost).
 - A worker that dies while scoring (a segfault, ``os._exit``) is handled the same way, with
-  the item counted as an error.
+  the item counted as an error. One that dies while idle (killed, out of memory) is replaced
+  when the next chunk finds its pipe closed, and the chunk waits for the new worker.
 
 A worker's clock runs only while it scores an item, so its start-up (imports, ``spec.load()``)
 is never charged to an item. Workers import the reward function themselves from the
@@ -203,8 +204,10 @@ class WorkerPool:
         """Stop the workers: ask politely, then kill those that do not exit within a second."""
         atexit.unregister(self.close)
         for worker in self._workers:
-            if worker.process.is_alive():
+            try:
                 worker.connection.send(None)
+            except (BrokenPipeError, ConnectionResetError):  # already gone
+                pass
         for worker in self._workers:
             worker.process.join(timeout=1.0)
             worker.kill()
@@ -214,10 +217,16 @@ class WorkerPool:
         return [worker for worker in self._workers if worker.chunk is not None]
 
     def _dispatch(self, pending: deque, items: list[RewardItem]) -> None:
-        for worker in self._workers:
+        for worker in list(self._workers):
             if pending and worker.ready and worker.chunk is None:
-                worker.chunk = pending.popleft()
-                worker.connection.send([items[index] for index in worker.chunk])
+                chunk = pending.popleft()
+                try:
+                    worker.connection.send([items[index] for index in chunk])
+                except (BrokenPipeError, ConnectionResetError):  # died while idle (killed, out of memory)
+                    pending.appendleft(chunk)  # nothing was scored: the chunk waits for the replacement
+                    self._replace(worker)
+                    continue
+                worker.chunk = chunk
 
     def _receive(self, outcomes: list, pending: deque, items: list[RewardItem]) -> None:
         watched = {w.connection: w for w in self._workers if not w.ready or w.chunk is not None}

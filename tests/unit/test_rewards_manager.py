@@ -147,6 +147,20 @@ def test_crashed_worker_counts_as_error_and_is_replaced(reward_spec):
     assert result.num_errors == 1 and result.num_timeouts == 0
 
 
+def test_a_worker_that_died_while_idle_is_replaced_and_costs_no_sample(reward_spec):
+    with RewardManager(reward_spec, num_workers=2) as manager:
+        deadline = time.monotonic() + 60
+        while not all(worker.ready for worker in manager._pool._workers):  # up: a death now is not a failed start
+            assert manager.score(numbered_items(4)).scores == expected_scores(4) and time.monotonic() < deadline
+        workers = [child for child in multiprocessing.active_children() if child.name == "ember-reward-worker"]
+        assert len(workers) == 2
+        for worker in workers:  # between steps: the out-of-memory killer, an operator's kill -9
+            os.kill(worker.pid, signal.SIGKILL)
+            worker.join(timeout=10)
+        result = manager.score(numbered_items(20))
+    assert result.scores == expected_scores(20) and result.num_errors == 0 and result.num_timeouts == 0
+
+
 def wait_until_ignored(pid: int, number: int, timeout_s: float = 60.0) -> None:
     """Until process `pid` ignores signal `number` (its SigIgn mask in /proc)."""
     deadline = time.monotonic() + timeout_s
