@@ -11,8 +11,11 @@ starts fresh there. Nothing in the folder is rewritten or deleted before that is
   `trainer.overwrite_default_local_dir` says to replace that run. Either refusal names the folder
   and the ways out;
 - once the checkpoint has loaded (`claim_run_folder`, on rank 0): a fresh start deletes the
-  previous run's checkpoints and metrics (overwrite only), and the run's config.yaml is written,
-  so that a refused resume leaves the config.yaml that `ember export` reads for the old checkpoints.
+  previous run's checkpoints and metrics (overwrite only); a resume sets the folder's checkpoints
+  newer than the one it loaded aside (`set_aside_later_checkpoints`: they are another line of the
+  run, whose metrics after that step the run drops and logs again); and the run's config.yaml is
+  written, so that a refused resume leaves the config.yaml that `ember export` reads for the old
+  checkpoints.
 
 Pruning (keep-N) then deletes only the run's own checkpoints (`CheckpointManager`).
 """
@@ -20,6 +23,7 @@ Pruning (keep-N) then deletes only the run's own checkpoints (`CheckpointManager
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 
@@ -29,6 +33,8 @@ from ember.config.yaml_io import read_yaml_file
 from ember.trainer.checkpoint import (STEP_DIR, TRACKER_FILE, CheckpointError, CheckpointManager, check_resume_path,
                                      list_checkpoints)
 from ember.trainer.resume import CheckpointedModel, model_mismatch
+
+logger = logging.getLogger("ember.trainer")
 
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
@@ -64,7 +70,10 @@ def claim_run_folder(checkpoints: CheckpointManager, resumed_from: str | None, o
     (only with `overwrite`; refused otherwise). Rank 0 then writes the resolved config (`config_yaml`)."""
     run_dir = checkpoints.root
     if resumed_from is not None and in_folder(resumed_from, run_dir):
-        checkpoints.resumed_at(int(STEP_DIR.match(os.path.basename(os.path.normpath(resumed_from))).group(1)))
+        step = int(STEP_DIR.match(os.path.basename(os.path.normpath(resumed_from))).group(1))
+        checkpoints.resumed_at(step)
+        if checkpoints.is_writer:
+            set_aside_later_checkpoints(run_dir, step)
     elif checkpoints.is_writer:
         check_fresh_start(run_dir, overwrite, "nothing resumed from this folder")
         delete_previous_run(run_dir)
@@ -74,6 +83,37 @@ def claim_run_folder(checkpoints: CheckpointManager, resumed_from: str | None, o
         with open(temporary, "w", encoding="utf-8") as handle:
             handle.write(config_yaml)
         os.replace(temporary, os.path.join(run_dir, CONFIG_FILE))
+
+
+def set_aside_later_checkpoints(run_dir: str, step: int) -> list[str]:
+    """Moves the checkpoints of `run_dir` newer than `step`, the one the run resumed from (an older one named by
+    `trainer.resume_from_path`, or the newest that loads under `auto`), into `superseded_after_step_<step>/`: the
+    run goes on from `step`, and a later `resume_mode=auto` must not take up the abandoned line from them. Nothing
+    is deleted (`ember export` reads them there, beside a copy of the config.yaml they were written with); the
+    newest-step record is set back to `step`. Returns the moved
+    folders' new paths."""
+    later = [path for saved, path in list_checkpoints(run_dir) if saved > step]
+    if not later:
+        return []
+    aside = os.path.join(run_dir, f"superseded_after_step_{step}")
+    suffix = 1
+    while os.path.exists(aside):  # resumed from this step before
+        suffix += 1
+        aside = os.path.join(run_dir, f"superseded_after_step_{step}_{suffix}")
+    os.makedirs(aside)
+    config = os.path.join(run_dir, CONFIG_FILE)
+    if os.path.isfile(config):  # the config they were written with, which `ember export` reads beside them
+        shutil.copy2(config, os.path.join(aside, CONFIG_FILE))
+    moved = []
+    for path in later:
+        moved.append(os.path.join(aside, os.path.basename(path)))
+        os.replace(path, moved[-1])
+    with open(os.path.join(run_dir, TRACKER_FILE), "w", encoding="utf-8") as handle:
+        handle.write(str(step))
+    logger.warning("resumed from step %d of %s: its later checkpoints (%s) are set aside in %s, so that a later "
+                   "trainer.resume_mode=auto goes on from this run's own line", step, run_dir,
+                   ", ".join(os.path.basename(path) for path in moved), aside)
+    return moved
 
 
 def check_fresh_start(run_dir: str, overwrite: bool, reason: str) -> None:

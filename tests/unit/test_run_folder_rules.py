@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ember.config import ConfigError, load_config
-from ember.trainer.checkpoint import CheckpointManager
+from ember.trainer.checkpoint import CheckpointManager, list_checkpoints
 from ember.trainer.run_folder import check_run_folder, claim_run_folder
 
 
@@ -65,3 +65,27 @@ def test_claiming_the_folder_deletes_the_previous_run_only_for_a_fresh_start(tmp
     claim_run_folder(CheckpointManager(str(tmp_path), keep=None), None, overwrite=True, config_yaml="fresh\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["config.yaml", "hf_model"]
     assert (tmp_path / "config.yaml").read_text() == "fresh\n"
+
+
+def test_a_resume_from_an_older_checkpoint_sets_the_later_ones_aside_for_auto_to_skip(tmp_path):
+    for step in (1, 2, 3, 4):
+        (tmp_path / f"global_step_{step}").mkdir()
+        (tmp_path / f"global_step_{step}" / "marker").write_text(str(step))
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("4")
+    (tmp_path / "config.yaml").write_text("the run that wrote steps 3 and 4\n")
+
+    continuing = CheckpointManager(str(tmp_path), keep=None)
+    claim_run_folder(continuing, str(tmp_path / "global_step_2"), overwrite=False, config_yaml="resumed at 2\n")
+    aside = tmp_path / "superseded_after_step_2"
+    assert [step for step, _ in list_checkpoints(str(tmp_path))] == [1, 2]  # what auto would resume from: step 2
+    assert continuing.resume_candidates("auto", None)[0] == str(tmp_path / "global_step_2")
+    assert sorted(path.name for path in aside.iterdir()) == ["config.yaml", "global_step_3", "global_step_4"]
+    assert (aside / "global_step_4" / "marker").read_text() == "4"  # nothing lost
+    assert (aside / "config.yaml").read_text() == "the run that wrote steps 3 and 4\n"  # for `ember export` there
+    assert (tmp_path / "config.yaml").read_text() == "resumed at 2\n"
+    assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "2"
+
+    (tmp_path / "global_step_3").mkdir()  # the new line's step 3, then a resume from step 2 again
+    claim_run_folder(CheckpointManager(str(tmp_path), keep=None), str(tmp_path / "global_step_2"), overwrite=False,
+                     config_yaml="resumed at 2 again\n")
+    assert (tmp_path / "superseded_after_step_2_2" / "global_step_3").is_dir() and (aside / "global_step_3").is_dir()
