@@ -28,7 +28,12 @@ from ember.errors import UserError
 
 
 class WorkerError(RuntimeError):
-    """A call on a worker failed: the message names the pool, the rank and the method, then the worker's traceback."""
+    """A call on a worker failed: the message names the pool, the rank and the method, then the worker's traceback.
+    `cause`: the exception the worker raised (None when its process died)."""
+
+    def __init__(self, message: str, cause: BaseException | None = None):
+        super().__init__(message)
+        self.cause = cause
 
 
 class Pending:
@@ -172,7 +177,7 @@ class RayWorkerGroup:
         except ray.exceptions.RayTaskError as error:
             if isinstance(error.cause, UserError):  # what the user gave, found by a worker: no traceback
                 raise UserError(f"{error.cause} ({self.name} rank {rank}, in {method})") from None
-            raise WorkerError(f"{self.name} rank {rank} failed in {method}:\n{error}") from None
+            raise WorkerError(f"{self.name} rank {rank} failed in {method}:\n{error}", cause=error.cause) from None
         except ray.exceptions.RayActorError as error:
             raise WorkerError(f"{self.name} rank {rank}: its worker process died during {method} "
                               f"({type(error).__name__})") from None

@@ -121,6 +121,9 @@ def load_engines(path: str, engines: Engines, resident: bool = False) -> None:
     """`engine.load` of each engine's folder; a load that fails on damaged bytes becomes a CheckpointProblem."""
     from torch.distributed.checkpoint.api import CheckpointException
 
+    from ember.distributed.worker_group import WorkerError
+
+    damage = (CheckpointException, *_LOAD_ERRORS)
     for name, engine in engines:
         folder = os.path.join(path, name)
         try:
@@ -128,7 +131,12 @@ def load_engines(path: str, engines: Engines, resident: bool = False) -> None:
                 engine.load(folder)
         except torch.OutOfMemoryError:
             raise
-        except (CheckpointException, *_LOAD_ERRORS) as error:
+        except WorkerError as error:  # a Ray worker's load: damage only if the worker's own error says so
+            if not isinstance(error.cause, damage) or isinstance(error.cause, (torch.OutOfMemoryError, WorkerError)):
+                raise  # its process died, ran out of memory, or failed otherwise: not the checkpoint's bytes
+            raise CheckpointProblem(f"{folder} does not load although every file is there and long enough, so "
+                                    f"bytes in it are damaged ({_first_failure(error.cause)})") from None
+        except damage as error:
             raise CheckpointProblem(f"{folder} does not load although every file is there and long enough, so "
                                     f"bytes in it are damaged ({_first_failure(error)})") from None
 

@@ -93,3 +93,37 @@ def test_each_checkpoint_is_copied_to_default_hdfs_dir_and_the_copies_are_kept(t
     assert steps(tmp_path / "run") == [2] and steps(copies) == [1, 2]
     assert (copies / "global_step_2" / "weights").read_text() == "x"
     assert not list(copies.glob(".*.tmp"))
+
+
+class EngineThatFailsToLoad:
+    """An engine (or a role over Ray workers) whose load raises `error`."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+    def load(self, folder: str) -> None:
+        raise self.error
+
+
+def test_a_worker_that_died_or_failed_otherwise_while_loading_is_not_taken_for_damaged_bytes(tmp_path):
+    import pickle
+
+    import pytest
+    import torch
+
+    from ember.distributed.worker_group import WorkerError
+    from ember.trainer.checkpoint import CheckpointProblem
+    from ember.trainer.resume import load_engines
+
+    not_damage = [WorkerError("actor rank 1: its worker process died during load (ActorDiedError)"),
+                  WorkerError("actor rank 0 failed in load: CUDA out of memory",
+                              cause=torch.OutOfMemoryError("CUDA out of memory")),
+                  WorkerError("actor rank 0 failed in load: KeyError", cause=KeyError("a bug, not the bytes"))]
+    for error in not_damage:  # auto would step back past a sound checkpoint (and set it aside)
+        with pytest.raises(WorkerError):
+            load_engines(str(tmp_path), [("actor", EngineThatFailsToLoad(error))])
+    damaged = WorkerError("actor rank 0 failed in load", cause=pickle.UnpicklingError("invalid load key, 'x'"))
+    with pytest.raises(CheckpointProblem, match=r"bytes in it are damaged \(UnpicklingError: invalid load key"):
+        load_engines(str(tmp_path), [("actor", EngineThatFailsToLoad(damaged))])
+    with pytest.raises(CheckpointProblem, match="damaged"):  # in this process: the error itself
+        load_engines(str(tmp_path), [("actor", EngineThatFailsToLoad(EOFError("Ran out of input")))])
