@@ -1,7 +1,8 @@
 """Batches of prompts, epoch by epoch, in a seeded order that a resumed run reproduces exactly.
 
 The order of epoch `e` depends only on (`seed`, `e`), so the loader's whole state is three
-integers: the seed, the epoch and how many batches of that epoch were handed out.
+integers: the seed, the epoch and how many batches of that epoch were handed out (plus what it
+walks: the number of samples, the batch size and whether it shuffles, checked on resume).
 `state_dict()` taken after any batch, loaded into a fresh loader over the same dataset,
 continues with exactly the batch that would have come next.
 """
@@ -75,11 +76,25 @@ class PromptLoader(Generic[Sample]):
                 return
 
     def state_dict(self) -> dict[str, int]:
-        """Where the loader stands: seed, epoch, and batches already handed out in that epoch."""
-        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+        """Where the loader stands: seed, epoch, and batches already handed out in that epoch; and what it walks
+        (the number of samples, the batch size, whether it shuffles), which a resume must find unchanged."""
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position, "samples": len(self.dataset),
+                "batch_size": self.batch_size, "shuffle": int(self.shuffle)}  # integers all (trainer_state.json)
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """Continue from a `state_dict()`; the next batch is the one that would have followed it."""
+        """Continue from a `state_dict()`; the next batch is the one that would have followed it. A state of a
+        loader over another number of samples, in other batches or another order is refused: its position would
+        point into another walk of the data (a state from before these were saved is checked by position only)."""
+        here = {"samples": len(self.dataset), "batch_size": self.batch_size, "shuffle": int(self.shuffle)}
+        changed = {key: (state[key], value) for key, value in here.items() if key in state and state[key] != value}
+        if changed:
+            listed = ", ".join(f"{key} {saved} then, {now} now" for key, (saved, now) in changed.items())
+            raise DatasetError(
+                f"the checkpoint's data loader walked other data ({listed}); resume with the same data files, "
+                "data.train_batch_size, data.shuffle and prompt filtering (data.max_prompt_length, "
+                "data.filter_overlong_prompts) as the checkpointed run, or start a new run in another "
+                "trainer.default_local_dir"
+            )
         if not 0 <= state["position"] < len(self):
             raise DatasetError(
                 f"loader state has position {state['position']} but an epoch here has {len(self)} batches; "

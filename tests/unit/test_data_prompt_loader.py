@@ -28,7 +28,7 @@ def test_an_epoch_visits_every_sample_once():
     epoch = list(loader)
     assert [len(batch) for batch in epoch] == [3, 3, 3, 1]
     assert sorted(sample for batch in epoch for sample in batch) == list(range(10))
-    assert loader.state_dict() == {"seed": 5, "epoch": 1, "position": 0}
+    assert loader.state_dict() == {"seed": 5, "epoch": 1, "position": 0, "samples": 10, "batch_size": 3, "shuffle": 1}
 
 
 def test_without_shuffle_the_order_is_the_dataset_order():
@@ -77,3 +77,19 @@ def test_state_from_a_different_dataset_is_rejected():
     loader = PromptLoader(list(range(8)), batch_size=4)
     with pytest.raises(ValueError, match="same data files and data.train_batch_size"):
         loader.load_state_dict({"seed": 1, "epoch": 0, "position": 5})
+
+
+@pytest.mark.parametrize("dataset, batch_size, shuffle, named", [
+    (list(range(12)), 4, True, "samples 16 then, 12 now"),  # rows added or filtered away: another permutation
+    (list(range(16)), 2, True, "batch_size 4 then, 2 now"),  # position 1 of another batch size
+    (list(range(16)), 4, False, "shuffle 1 then, 0 now"),
+])
+def test_a_state_of_a_loader_over_other_data_is_refused_even_where_its_position_fits(dataset, batch_size, shuffle,
+                                                                                   named):
+    running = PromptLoader(list(range(16)), batch_size=4, seed=3)
+    take(running, 1)
+    state = running.state_dict()
+    with pytest.raises(ValueError, match=named):
+        PromptLoader(dataset, batch_size=batch_size, shuffle=shuffle, seed=3).load_state_dict(state)
+    legacy = {key: state[key] for key in ("seed", "epoch", "position")}  # saved before these were: position only
+    PromptLoader(dataset, batch_size=batch_size, shuffle=shuffle, seed=3).load_state_dict(legacy)
