@@ -10,7 +10,11 @@ The group-baseline estimators (grpo, rloo, reinforce_plus_plus_baseline) live in
 Masked steps are skipped, not treated as the end of the episode: they add no reward, are not
 discounted, and the recursion carries across them. With padding only after EOS this is
 exactly verl's behaviour; for masks with holes (e.g. tool-output tokens in multi-turn
-responses) the next valid token's value/return bridges the hole.
+responses) the next valid token's value/return bridges the hole. verl's GAE bridges holes so
+too, but its REINFORCE++ resets the running return at every masked token
+(`running_return * response_mask[:, t]`, written for padding after EOS), so there the outcome
+reward never reaches the turns before a tool's output; ember's REINFORCE++ carries it across,
+as its GAE does (a deliberate departure, which only multi-turn masks with holes see).
 """
 
 from __future__ import annotations

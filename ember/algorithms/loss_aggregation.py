@@ -9,8 +9,12 @@ Five modes, named as in verl's `loss_agg_mode`:
 - `seq-mean-token-mean`: mean over each sequence's tokens, mean over sequences.
 - `seq-mean-token-sum-norm`: sum over each sequence's tokens divided by a constant
   `norm_length` (Dr. GRPO's generation budget; verl uses the padded response length),
-  mean over sequences. Older verl releases skipped the mean over sequences here; current
-  verl divides by the number of sequences as this function does.
+  mean over sequences (Dr. GRPO's 1 / (N · L)). verl does not take the mean over
+  sequences here (a change that did, in December 2025, was reverted): its `agg_loss`
+  returns sum / L per micro-batch, which its legacy actor then scales by 1 / (micro-batches)
+  and FSDP averages over ranks, so verl's loss and gradient are ember's times
+  (sequences in the mini-batch) / (micro-batches × ranks), the micro-batch size. A constant
+  factor, which Adam mostly absorbs but gradient clipping and the logged loss do not.
 
 Micro-batches and data parallelism: a mini-batch is often split across gradient
 accumulation steps and ranks. Pass the mini-batch's global counts (`num_tokens`, the valid

@@ -116,6 +116,7 @@ def compute_vanilla_policy_loss(
 
 
 GSPO_LOG_RATIO_MAX = 10.0  # upper clamp of the sequence log-ratio before exp, as verl
+GSPO_LOSS_AGG_MODE = "seq-mean-token-mean"  # verl's GSPO aggregates so, whatever loss_agg_mode the run sets
 
 
 @register_policy_loss("gspo")
@@ -123,7 +124,7 @@ def compute_gspo_policy_loss(
     inputs: PolicyLossInputs,
     clip: ClipConfig,
     *,
-    loss_agg_mode: str = "seq-mean-token-mean",
+    loss_agg_mode: str = GSPO_LOSS_AGG_MODE,
     num_tokens: Count | None = None,
     num_sequences: Count | None = None,
     norm_length: Count | None = None,
@@ -133,10 +134,12 @@ def compute_gspo_policy_loss(
     s_i = exp(mean_t(log π - log π_old)) over the sequence's valid tokens. Each token uses
     log s_i,t = log π_t - sg(log π_t) + sg(log s_i): its value is the sequence ratio, its
     gradient flows through the token's own log-prob. Clipped to [1 - low, 1 + high] (GSPO uses
-    ranges far smaller than PPO's, e.g. 3e-4 / 4e-4). The paper aggregates with
-    seq-mean-token-mean, the default here; unlike older verl the mode passed in is honoured.
-    No dual clip, so clipfrac_lower is 0.
+    ranges far smaller than PPO's, e.g. 3e-4 / 4e-4). Aggregated with seq-mean-token-mean
+    whatever `loss_agg_mode` says, as the paper and verl (`compute_policy_loss_gspo` passes
+    that mode to `agg_loss` itself) do: a run's `actor.loss_agg_mode` still shapes its
+    entropy and KL terms, not this one. No dual clip, so clipfrac_lower is 0.
     """
+    loss_agg_mode = GSPO_LOSS_AGG_MODE
     mask = inputs.response_mask
     log_ratio = inputs.log_probs - inputs.old_log_probs
     lengths = mask.bool().sum(dim=-1).clamp(min=1).to(log_ratio.dtype)

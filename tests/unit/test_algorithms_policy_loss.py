@@ -151,6 +151,17 @@ def test_gspo_value_and_gradient_equal_the_sequence_level_objective():
     assert output.clipfrac.item() == 0 and output.clipfrac_lower.item() == 0
 
 
+def test_gspo_aggregates_per_sequence_whatever_the_run_sets_as_verl_does():
+    # ratio 1: each token's loss is -A. Sequence 0 (one token, A = +1) and sequence 1 (three tokens, A = -1):
+    # seq-mean-token-mean gives (-1 + 1) / 2 = 0, token-mean would give (-1 + 3) / 4 = 0.5
+    mask = torch.tensor([[1.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    inputs = PolicyLossInputs(old_log_probs=torch.zeros(2, 3), log_probs=torch.zeros(2, 3),
+                              advantages=torch.tensor([[1.0] * 3, [-1.0] * 3]), response_mask=mask)
+    for mode in ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean"):
+        assert get_policy_loss_fn("gspo")(inputs, ClipConfig(), loss_agg_mode=mode).loss.item() == 0.0
+    assert get_policy_loss_fn("vanilla")(inputs, ClipConfig(), loss_agg_mode="token-mean").loss.item() == 0.5
+
+
 def test_gspo_clips_whole_sequences():
     mask = torch.ones(2, 2, dtype=torch.float64)
     # sequence 0: mean log-ratio log 1.5 (clipped for A > 0); sequence 1: ratio 1.0 (inside)
