@@ -26,7 +26,7 @@ catastrophic token gives a weight of e^20 before truncation, never inf.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -36,6 +36,9 @@ from ember.algorithms.masked import masked_mean, masked_sum
 SAFETY_BOUND = 20.0
 IS_LEVELS = ("token", "sequence")
 TOKEN_LEVEL_PREFIX = "token_"
+
+SumOverRanks = Callable[[torch.Tensor], torch.Tensor]
+"""A tensor summed over the data-parallel ranks (an all-reduce the engine provides: `LossContext.sum_over_ranks`)."""
 
 
 def _masked_max(values: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -57,10 +60,12 @@ def _clamped_std(values: torch.Tensor, mask: torch.Tensor, low: float, high: flo
 
 
 def compute_rollout_is_weights(log_ratio: torch.Tensor, response_mask: torch.Tensor, level: str,
-                               threshold: float, batch_normalize: bool = False
-                               ) -> tuple[torch.Tensor, dict[str, float]]:
+                               threshold: float, batch_normalize: bool = False,
+                               sum_over_ranks: SumOverRanks | None = None) -> tuple[torch.Tensor, dict[str, float]]:
     """Truncated IS weights π_train/π_rollout per token ([B, R], 0 on padding) and their metrics
-    (`rollout_is_*`, measured before truncation; normalisation over this batch only)."""
+    (`rollout_is_*`, measured before truncation). `batch_normalize` divides them by their mean over
+    this batch, or with `sum_over_ranks` (a sum over the data-parallel ranks, each holding its own
+    micro-batch: bypass mode) over every rank's, as verl's `distributed_masked_mean` does."""
     if level not in IS_LEVELS:
         raise ValueError(f"rollout_is={level!r}: use token or sequence")
     if threshold <= 0:
@@ -77,10 +82,14 @@ def compute_rollout_is_weights(log_ratio: torch.Tensor, response_mask: torch.Ten
     weights = weights.clamp(max=threshold).detach()
     if batch_normalize:
         if level == "token":
-            mean = masked_mean(weights, mask=response_mask)
+            totals = torch.stack([(weights * response_mask).sum(), response_mask.sum().to(weights.dtype)])
         else:
             has_tokens = response_mask.bool().any(dim=-1).to(weights.dtype)
-            mean = (masked_mean(weights, mask=response_mask, dim=-1) * has_tokens).sum() / has_tokens.sum().clamp(min=1)
+            totals = torch.stack([(masked_mean(weights, mask=response_mask, dim=-1) * has_tokens).sum(),
+                                  has_tokens.sum()])
+        if sum_over_ranks is not None:  # the mean over every data-parallel rank's micro-batch, as verl's
+            totals = sum_over_ranks(totals.detach()).to(weights.device)
+        mean = totals[0] / totals[1].clamp(min=1)
         if mean > 1e-8:
             weights = weights / mean
             metrics["rollout_is_batch_norm_factor"] = mean.item()
@@ -257,8 +266,10 @@ class RolloutCorrection:
 def compute_rollout_correction(train_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
                                response_mask: torch.Tensor, *, rollout_is: str | None, rollout_is_threshold: float,
                                rollout_is_batch_normalize: bool,
-                               rejection: Mapping[str, tuple[float | None, float]] | None) -> RolloutCorrection:
-    """verl's decoupled mode on one batch: weights and rejection from log π_old − log π_rollout."""
+                               rejection: Mapping[str, tuple[float | None, float]] | None,
+                               sum_over_ranks: SumOverRanks | None = None) -> RolloutCorrection:
+    """verl's decoupled mode on one batch: weights and rejection from log π_old − log π_rollout
+    (`sum_over_ranks`: see `compute_rollout_is_weights`)."""
     if not response_mask.bool().any():
         raise ValueError("rollout correction needs at least one valid response token")
     log_ratio = train_log_probs - rollout_log_probs
@@ -266,7 +277,7 @@ def compute_rollout_correction(train_log_probs: torch.Tensor, rollout_log_probs:
     weights = None
     if rollout_is is not None:
         weights, is_metrics = compute_rollout_is_weights(log_ratio, response_mask, rollout_is, rollout_is_threshold,
-                                                         rollout_is_batch_normalize)
+                                                         rollout_is_batch_normalize, sum_over_ranks)
         metrics.update(is_metrics)
     mask = response_mask.clone()
     if rejection:
@@ -292,13 +303,15 @@ class BypassCorrection:
     rollout_is_batch_normalize: bool
     rejection: Mapping[str, tuple[float | None, float]] | None
 
-    def measure(self, log_probs: torch.Tensor, rollout_log_probs: torch.Tensor,
-                response_mask: torch.Tensor) -> RolloutCorrection:
+    def measure(self, log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, response_mask: torch.Tensor,
+                sum_over_ranks: SumOverRanks | None = None) -> RolloutCorrection:
         """The micro-batch's correction from the current (detached) log-probs against the rollout's;
-        `weights` is None unless the loss is REINFORCE with `rollout_is` set."""
+        `weights` is None unless the loss is REINFORCE with `rollout_is` set. `sum_over_ranks` (the
+        engine's, `LossContext`): the batch normalisation's mean is over every data-parallel rank's
+        micro-batch, as verl's; every rank measures the same number of micro-batches."""
         correction = compute_rollout_correction(
             log_probs.detach(), rollout_log_probs, response_mask, rollout_is=self.rollout_is,
             rollout_is_threshold=self.rollout_is_threshold, rollout_is_batch_normalize=self.rollout_is_batch_normalize,
-            rejection=self.rejection)
+            rejection=self.rejection, sum_over_ranks=sum_over_ranks)
         weights = correction.weights if self.loss_type == "reinforce" else None
         return RolloutCorrection(weights=weights, response_mask=correction.response_mask, metrics=correction.metrics)

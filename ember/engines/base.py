@@ -79,6 +79,9 @@ class LossContext:
     """Samples in the mini-batch."""
     dp_size: int
     """Data-parallel ranks sharing the mini-batch."""
+    sum_over_ranks: Callable[[Tensor], Tensor] | None = None
+    """A small tensor summed over those ranks (an all-reduce every rank must call alike, once per micro-batch);
+    None with one rank. For statistics that verl takes over the ranks' micro-batches together."""
 
 
 @dataclass(frozen=True)

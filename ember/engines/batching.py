@@ -75,7 +75,9 @@ def loss_context(batch: Batch, dp_size: int, all_reduce: AllReduce) -> LossConte
     """The mini-batch's response tokens and samples summed over the data-parallel ranks."""
     counts = torch.tensor([int(batch.response_mask.sum()), len(batch)], dtype=torch.int64)
     num_tokens, num_sequences = all_reduce(counts, dist.ReduceOp.SUM).tolist()
-    return LossContext(num_tokens=num_tokens, num_sequences=num_sequences, dp_size=dp_size)
+    sum_over_ranks = (lambda tensor: all_reduce(tensor, dist.ReduceOp.SUM)) if dp_size > 1 else None
+    return LossContext(num_tokens=num_tokens, num_sequences=num_sequences, dp_size=dp_size,
+                       sum_over_ranks=sum_over_ranks)
 
 
 def join_outputs(outputs: list[ModelOutput], groups: list[list[int]], response_length: int,

@@ -103,7 +103,8 @@ class Actor(EngineRole):
         aggregation = dict(mask=mask, mode=options.loss_agg_mode, norm_length=options.norm_length)
         policy_mask, weights, metrics = mask, batch.rollout_is_weights, {}
         if options.bypass is not None:  # old_log_probs are the rollout's: π_θ against them, in this forward
-            correction = options.bypass.measure(output.log_probs, batch.rollout_log_probs, mask)
+            correction = options.bypass.measure(output.log_probs, batch.rollout_log_probs, mask,
+                                                sum_over_ranks=context.sum_over_ranks)
             policy_mask, weights, metrics = correction.response_mask, correction.weights, correction.metrics
         inputs = PolicyLossInputs(old_log_probs=old_log_probs, log_probs=output.log_probs,
                                   advantages=batch.advantages, response_mask=policy_mask,

@@ -59,6 +59,37 @@ def test_batch_normalisation_makes_the_mean_weight_one():
     assert_values(sequence, [[1 / 1.5] * 3, [2 / 1.5, 0.0, 0.0]])
 
 
+@pytest.mark.parametrize("level, threshold", [("token", 3.0), ("sequence", 2.5)])
+def test_with_several_ranks_the_batch_normalisation_is_over_every_ranks_micro_batch(level, threshold):
+    """Bypass mode normalises each micro-batch's weights inside the update, where every data-parallel rank holds
+    its own: the mean is over all of them (verl's distributed_masked_mean), so each rank's weights are the whole
+    batch's, cut in two."""
+    generator = torch.Generator().manual_seed(4)
+    log_ratio = torch.randn(6, 5, generator=generator) * 0.5
+    mask = (torch.arange(5) < torch.tensor([5, 2, 4, 1, 3, 5]).unsqueeze(1)).float()
+    whole, _ = compute_rollout_is_weights(log_ratio, mask, level, threshold, batch_normalize=True)
+    sent = []
+
+    def totals_of(rows):  # what a rank puts into the all-reduce
+        compute_rollout_is_weights(log_ratio[rows], mask[rows], level, threshold, batch_normalize=True,
+                                   sum_over_ranks=lambda totals: sent.append(totals) or totals)
+        return sent[-1]
+
+    halves = (slice(0, 3), slice(3, 6))
+    summed = totals_of(halves[0]) + totals_of(halves[1])
+    for rows in halves:
+        weights, metrics = compute_rollout_is_weights(log_ratio[rows], mask[rows], level, threshold,
+                                                      batch_normalize=True, sum_over_ranks=lambda totals: summed)
+        torch.testing.assert_close(weights, whole[rows])
+        alone, _ = compute_rollout_is_weights(log_ratio[rows], mask[rows], level, threshold, batch_normalize=True)
+        assert not torch.allclose(alone, whole[rows])  # this rank's own mean would be another
+    bypass = BypassCorrection(loss_type="reinforce", rollout_is=level, rollout_is_threshold=threshold,
+                              rollout_is_batch_normalize=True, rejection=None)
+    correction = bypass.measure(log_ratio[halves[0]], torch.zeros(3, 5), mask[halves[0]],
+                                sum_over_ranks=lambda totals: summed)
+    torch.testing.assert_close(correction.weights, whole[halves[0]])
+
+
 def test_a_catastrophic_token_gives_a_finite_truncated_weight():
     log_ratio = torch.tensor([[200.0, -200.0]])
     weights, metrics = compute_rollout_is_weights(log_ratio, torch.ones(1, 2), "token", threshold=2.0)
