@@ -8,7 +8,8 @@ Five modes, named as in verl's `loss_agg_mode`:
 - `seq-mean-token-sum`: sum over each sequence's tokens, mean over sequences.
 - `seq-mean-token-mean`: mean over each sequence's tokens, mean over sequences.
 - `seq-mean-token-sum-norm`: sum over each sequence's tokens divided by a constant
-  `norm_length` (Dr. GRPO's generation budget; verl uses the padded response length),
+  `norm_length` (Dr. GRPO's generation budget; verl's `actor.loss_scale_factor`, which
+  the actor passes here, else the padded response length),
   mean over sequences (Dr. GRPO's 1 / (N · L)). verl does not take the mean over
   sequences here (a change that did, in December 2025, was reverted): its `agg_loss`
   returns sum / L per micro-batch, which its legacy actor then scales by 1 / (micro-batches)

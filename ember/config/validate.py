@@ -122,6 +122,7 @@ def _rl_bounds(cfg: EmberConfig) -> list[Bound]:
         Bound(f"{_ACTOR}.grad_clip", low=0.0, low_open=True),
         *(Bound(f"{_ACTOR}.{name}", low=0.0) for name in ("clip_ratio", "clip_ratio_low", "clip_ratio_high", "kl_loss_coef")),
         Bound(f"{_ACTOR}.clip_ratio_c", low=1.0, low_open=True),
+        Bound(f"{_ACTOR}.loss_scale_factor", low=0.0, low_open=True),
         Bound("actor_rollout_ref.model.lora_rank", low=0),
         *_at_least_one(*(f"{_REF}.{name}" for name in ("log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu",
                                                        "ulysses_sequence_parallel_size"))),

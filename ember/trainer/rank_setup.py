@@ -264,7 +264,7 @@ def build_rank_roles(cfg: EmberConfig, roles: tuple[str, ...], total_steps: int)
                             clip_ratio_high=actor_cfg.clip_ratio_high, clip_ratio_c=actor_cfg.clip_ratio_c),
             loss_agg_mode=actor_cfg.loss_agg_mode, entropy_coeff=actor_cfg.entropy_coeff,
             use_kl_loss=actor_cfg.use_kl_loss, kl_loss_coef=actor_cfg.kl_loss_coef, kl_loss_type=actor_cfg.kl_loss_type,
-            temperature=rollout_cfg.temperature, norm_length=cfg.data.max_response_length, seed=cfg.trainer.seed,
+            temperature=rollout_cfg.temperature, norm_length=norm_length(cfg), seed=cfg.trainer.seed,
             loss_scale=1 / n if nla is not None and nla.fork_actor_gradient_scale else 1.0,
             bypass=bypass_correction(cfg.algorithm.rollout_correction)))
         built["actor"] = actor
@@ -334,6 +334,12 @@ def rank_share(samples: int, engine: TrainEngine, what: str) -> int:
         raise ConfigError(f"{what} = {samples} samples per mini-batch do not split over the {engine.dp_size} "
                           "data-parallel ranks; choose a mini-batch size whose samples they divide")
     return samples // engine.dp_size
+
+
+def norm_length(cfg: EmberConfig) -> float:
+    """The actor's seq-mean-token-sum-norm divisor: `actor.loss_scale_factor`, else the padded response length."""
+    factor = cfg.actor_rollout_ref.actor.loss_scale_factor
+    return cfg.data.max_response_length if factor is None else factor
 
 
 def build_critic(cfg: EmberConfig, total_steps: int) -> Critic:

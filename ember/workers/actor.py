@@ -49,7 +49,7 @@ class ActorOptions:
     kl_loss_coef: float
     kl_loss_type: str
     temperature: float
-    norm_length: int  # response length used by seq-mean-token-sum-norm
+    norm_length: float  # seq-mean-token-sum-norm's divisor: actor.loss_scale_factor, else the max response length
     seed: int
     loss_scale: float = 1.0  # the loss (and so the gradient) × this: 1/n under nla.fork_actor_gradient_scale
     bypass: BypassCorrection | None = None  # algorithm.rollout_correction.bypass_mode: how the loss corrects

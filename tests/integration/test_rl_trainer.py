@@ -19,6 +19,7 @@ from rl_helpers import (
     TRAIN_SIZE,
     all_finite,
     build_trainer,
+    close,
     engine_weights,
     fit,
     hf_weights,
@@ -256,3 +257,15 @@ def test_a_data_source_without_a_built_in_scorer_stops_the_run_when_its_file_loa
     with pytest.raises(RewardConfigError, match=r"data.val_files: no built-in reward function for data_source "
                                                 r"'numina_x'.*custom_reward_function.path"):
         build_trainer(overrides)
+
+
+def test_verls_loss_scale_factor_sets_the_seq_mean_token_sum_norm_divisor(inputs, tmp_path):
+    # the divisor each sequence's token sum is divided by; null (verl's default) keeps the padded response length
+    for extra, expected in ((["actor_rollout_ref.actor.loss_scale_factor=4096"], 4096),
+                            ([], load_config(run_overrides(inputs, tmp_path / "b")).data.max_response_length)):
+        trainer = build_trainer(run_overrides(inputs, tmp_path / str(expected), "trainer.val_before_train=False",
+                                              "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-sum-norm", *extra))
+        try:
+            assert trainer.parts.actor.in_process().options.norm_length == expected
+        finally:
+            close(trainer)

@@ -65,6 +65,9 @@ class ActorConfig:
     clip_ratio_c: float = field_(3.0, "dual-clip bound on the loss of negative-advantage tokens (must be > 1)")
     policy_loss: PolicyLossConfig = section(PolicyLossConfig, "policy loss choice and its parameters")
     loss_agg_mode: LossAggMode = field_("token-mean", "how the token losses of a batch are reduced to one number")
+    loss_scale_factor: float | None = field_(
+        None, "the constant each sequence's token sum is divided by under loss_agg_mode=seq-mean-token-sum-norm "
+              "(null: data.max_response_length, the padded response length)")
     entropy_coeff: float = field_(0.0, "weight of the entropy bonus in the actor loss")
     use_kl_loss: bool = field_(False, "add a KL(actor ‖ reference) term to the actor loss (GRPO style)")
     kl_loss_coef: float = field_(0.001, "weight of the KL loss term")
