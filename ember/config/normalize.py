@@ -1,6 +1,7 @@
 """Filling the values a configuration implies but leaves open, right after type checking.
 
 - `critic.enable: null` becomes whether the advantage estimator needs a critic (gae).
+- `data.seed: null` (verl's default, which leaves its order unseeded) becomes 1.
 - verl's deprecated global micro-batch sizes (`ppo_micro_batch_size`,
   `log_prob_micro_batch_size`, `micro_batch_size`) become the per-GPU sizes code reads.
 - `optim.warmup_style` (verl's older name) is copied to `optim.lr_scheduler_type`.
@@ -24,6 +25,7 @@ from ember.config.schema.nla_train import NLATrainConfig
 from ember.config.schema.optim import OptimConfig
 
 CRITIC_ESTIMATORS = ("gae",)
+DEFAULT_DATA_SEED = 1
 
 
 def normalize(cfg: Any) -> None:
@@ -42,6 +44,8 @@ def _normalize_rl(cfg: EmberConfig) -> None:
     actor = cfg.actor_rollout_ref.actor
     if cfg.critic.enable is None:
         cfg.critic.enable = cfg.algorithm.adv_estimator in CRITIC_ESTIMATORS
+    if cfg.data.seed is None:  # verl's default: an unseeded order there, a reproducible one here
+        cfg.data.seed = DEFAULT_DATA_SEED
     world = world_size(cfg.trainer)
     actor_dp = data_parallel_size(world, actor.strategy, actor.megatron, actor.ulysses_sequence_parallel_size)
     critic_dp = data_parallel_size(world, cfg.critic.strategy, cfg.critic.megatron, cfg.critic.ulysses_sequence_parallel_size)

@@ -117,6 +117,7 @@ def _rl_bounds(cfg: EmberConfig) -> list[Bound]:
         *_at_least_one("data.train_batch_size", "data.max_prompt_length", "data.max_response_length", "data.val_batch_size",
                        "data.filter_overlong_prompts_workers"),
         Bound("data.dataloader_num_workers", low=0),
+        *(Bound(f"data.{name}_max_samples", low=-1) for name in ("train", "val")),
         *_at_least_one(*(f"{_ACTOR}.{name}" for name in ("ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu",
                                                          "ppo_epochs", "ulysses_sequence_parallel_size"))),
         Bound(f"{_ACTOR}.grad_clip", low=0.0, low_open=True),

@@ -38,15 +38,23 @@ class VerlKey:
     def departures(self, value: Any) -> Any:
         """What of `value` departs from verl's default (None when nothing does). A `${...}` value follows the key
         it points at, which is checked where it is written."""
-        if self.default is ANY or _points_elsewhere(value):
-            return None
-        if isinstance(self.default, dict) and isinstance(value, dict):
-            if not self.default:  # an empty mapping by default: any entry departs from it
-                return value or None
-            differing = {name: value[name] for name, wanted in self.default.items()
-                         if name in value and value[name] != wanted and not _points_elsewhere(value[name])}
-            return differing or None
-        return None if value == self.default else value
+        return _departures(self.default, value)
+
+
+def _departures(default: Any, value: Any) -> Any:
+    """`VerlKey.departures` for `default`: a tuple of defaults takes any of them; a mapping default compares the
+    entries it names (nested mappings alike), other entries of `value` being free."""
+    if default is ANY or _points_elsewhere(value):
+        return None
+    if isinstance(default, tuple):
+        return None if value in default else value
+    if isinstance(default, dict) and isinstance(value, dict):
+        if not default:  # an empty mapping by default: any entry departs from it
+            return value or None
+        differing = {name: value[name] for name, wanted in default.items()
+                     if name in value and _departures(wanted, value[name]) is not None}
+        return differing or None
+    return None if value == default else value
 
 
 def _points_elsewhere(value: Any) -> bool:
@@ -71,10 +79,11 @@ _FSDP_ENGINE = {
     "ulysses_sequence_parallel_size": VerlKey(_NEW_WORKERS + " (the role's ulysses_sequence_parallel_size)", 1),
     "mixed_precision": VerlKey("ember computes in fsdp_config.model_dtype and reduces in fp32",
                                {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}),
+    "dtype": VerlKey(_NEW_WORKERS + " (the model's compute dtype: actor_rollout_ref.model.dtype)", "bfloat16"),
 }
 _MEGATRON_OPTIM = {
     "clip_grad": VerlKey(_NEW_WORKERS + " (grad_clip)", 1.0),
-    "optimizer": VerlKey("ember's Megatron optimizer is Adam(W)", "adam", refuse=True),
+    "optimizer": VerlKey("ember's optimizer is Adam(W)", ("adam", "AdamW"), refuse=True),  # Megatron's, FSDP's
     "lr_decay_style": VerlKey("set optim.lr_scheduler_type (constant or cosine) instead", "constant", refuse=True),
     "lr_decay_steps": VerlKey("the schedule runs over the whole run", None, refuse=True),
     "lr_warmup_init": VerlKey("warm-up starts from 0", 0.0, refuse=True),
@@ -94,9 +103,22 @@ _ROLE = {
     "data_loader_seed": VerlKey("the data order follows trainer.seed"),
     "nccl_timeout": VerlKey("the roles' collectives follow actor_rollout_ref.nccl_timeout", 600),
     "megatron.forward_only": VerlKey(_NEW_WORKERS, False),
+    "megatron.dtype": VerlKey(_NEW_WORKERS + " (the model's compute dtype: actor_rollout_ref.model.dtype)",
+                              "bfloat16"),
+    "megatron.dist_checkpointing_prefix": VerlKey("dist_checkpointing_path's files are read as they are named", ""),
+    "megatron.use_remove_padding": VerlKey("the Megatron engine packs sequences as actor_rollout_ref.model."
+                                           "use_remove_padding (critic.model.use_remove_padding) says", True),
+    "megatron.vanilla_mbridge": VerlKey("ember converts between Hugging Face and Megatron weights with mbridge's "
+                                        "layouts itself", True),
     "entropy_checkpointing": VerlKey("entropy is computed from detached logits unless the loss needs it", False),
     "entropy_from_logits_with_chunking": VerlKey("entropy is computed with the log-probs", False),
+    "rollout_n": VerlKey("ember reads actor_rollout_ref.rollout.n"),
+    "router_replay": VerlKey("MoE routing replay (the rollout's expert choices replayed in training) is not in ember; "
+                             "remove it", {"mode": "disabled"}, refuse=True),
 }
+_TILED_MLP = VerlKey("verl's tiled MLP (the MLP's activations computed in shards to save memory) is not in ember; "
+                     "recompute (enable_gradient_checkpointing) saves activation memory", {"enabled": False})
+_REWARD_CLASS = "a custom reward manager / reward loop class is not loaded: reward_model.reward_manager decides"
 
 _NOT_VERL_DEFAULT = object()  # a default no value equals: every value given is refused
 _FULLY_ASYNC = VerlKey("verl's fully async trainer streams samples one by one and counts its run in samples; ember's "
@@ -219,6 +241,55 @@ RL_VERL_KEYS: dict[str, VerlKey] = {
     "trainer.esi_redundant_time": VerlKey("elastic-server-instance expiry (verl's ESI saving)", 0),
     "trainer.ray_wait_register_center_timeout": VerlKey("ember's workers register with no center", 300),
     "trainer.use_legacy_worker_impl": VerlKey("ember has one worker implementation"),
+    # keys of verl's config as of early 2026 (b178a3cd), accepted as verl writes them
+    **{f"{role}.optim.optimizer_impl": VerlKey("ember's optimizer is torch.optim's AdamW", "torch.optim", refuse=True)
+       for role in ("actor_rollout_ref.actor", "critic")},
+    "actor_rollout_ref.actor.tau_pos": VerlKey("SAPO's (policy_loss.loss_mode=sapo, not in ember)", 1.0),
+    "actor_rollout_ref.actor.tau_neg": VerlKey("SAPO's (policy_loss.loss_mode=sapo, not in ember)", 1.05),
+    "actor_rollout_ref.actor.calculate_entropy": VerlKey(
+        "ember always logs the actor's entropy (from detached logits unless the loss has an entropy term)", False),
+    "actor_rollout_ref.actor.use_prefix_grouper": VerlKey(
+        "a forward shared by the samples of one prompt is not in ember (each sample's forward is whole)", False),
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": VerlKey("the Σπ² metric is not in ember", False),
+    "actor_rollout_ref.actor.sum_pi_squared_checkpointing": VerlKey("the Σπ² metric is not in ember", False),
+    **{f"actor_rollout_ref.rollout.{name}": VerlKey(
+        "ember's rollout splits a model by tensor_model_parallel_size (a MoE model's experts too): set that instead",
+        1, refuse=True) for name in ("expert_parallel_size", "pipeline_model_parallel_size")},
+    "actor_rollout_ref.rollout.logprobs_mode": VerlKey(
+        "ember's rollout records the log-probs of log_softmax(logits / temperature)", "processed_logprobs",
+        refuse=True),
+    "actor_rollout_ref.rollout.scheduling_policy": VerlKey("ember's engine schedules first come, first served",
+                                                           "fcfs", refuse=True),
+    "actor_rollout_ref.rollout.checkpoint_engine": VerlKey(
+        "ember always sends the weights over its own torch.distributed group in buckets"),
+    "actor_rollout_ref.rollout.enable_rollout_routing_replay": VerlKey(
+        "MoE routing replay is not in ember; remove it", False, refuse=True),
+    "actor_rollout_ref.rollout.prometheus": VerlKey("vLLM's Prometheus endpoint; ember logs its rollout's metrics "
+                                                    "with the run's", {"enable": False}),
+    "actor_rollout_ref.rollout.mtp": VerlKey("follows actor_rollout_ref.model.mtp"),
+    "actor_rollout_ref.model.mtp": VerlKey("multi-token prediction (its training loss and speculative rollout) is "
+                                           "not in ember; remove it", {"enable": False}, refuse=True),
+    "actor_rollout_ref.model.tiled_mlp": _TILED_MLP,
+    **{f"{model}.lora": VerlKey(f"verl's Megatron LoRA block: write {model}.lora_rank, lora_alpha and target_modules",
+                                {"rank": 0}, refuse=True)
+       for model in ("actor_rollout_ref.model", "critic.model")},
+    "critic.model.tiled_mlp": _TILED_MLP,
+    "data.tool_config_path": VerlKey("ember reads actor_rollout_ref.rollout.multi_turn.tool_config_path"),
+    "data.image_patch_size": VerlKey("ember reads text only"),
+    "reward_manager": VerlKey(_REWARD_CLASS, {"source": "register", "module": {"path": None,
+                                                                              "name": "custom_reward_manager"}},
+                              refuse=True),
+    "reward_model.reward_loop_source": VerlKey(_REWARD_CLASS, "register", refuse=True),
+    "reward_model.reward_loop_module_path": VerlKey(_REWARD_CLASS, None, refuse=True),
+    "reward_model.reward_loop_class_name": VerlKey(_REWARD_CLASS, None, refuse=True),
+    "reward_model.model.override_config": VerlKey("the reward model is built as its config.json says", {},
+                                                  refuse=True),
+    "reward_model.use_reward_loop": VerlKey("ember scores rewards in its own worker processes "
+                                            "(reward_model.num_workers)"),
+    "reward_model.rollout": VerlKey("a generative reward model served by a rollout engine is not in ember; "
+                                    "verl reads it only for such a model"),
+    "transfer_queue.enable": VerlKey("verl's TransferQueue data path; ember hands batches to its workers itself",
+                                     False),
 }
 
 # The NLA fork's own keys that nothing in the fork reads (its base file, nla_grpo_full.yaml, and older run files).

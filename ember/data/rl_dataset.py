@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from ember.data.chat import Messages, check_messages, encode_texts, render_chat
@@ -69,6 +70,8 @@ class RLDataset:
         return_raw_chat: bool = False,
         apply_chat_template_kwargs: dict[str, Any] | None = None,
         reward_fn_key: str = "data_source",
+        max_samples: int = -1,
+        sample_seed: int | None = None,
     ):
         if truncation not in PROMPT_TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r} is not one of {', '.join(PROMPT_TRUNCATION_MODES)}")
@@ -77,6 +80,11 @@ class RLDataset:
             required={prompt_key: "data.prompt_key", reward_fn_key: "data.reward_fn_key", "reward_model": None},
             optional=["extra_info"],
         )
+        positions = sample_positions(len(rows), max_samples, sample_seed)
+        if len(positions) < len(rows):
+            logger.info("using %d of the %d rows of %s (%s)", len(positions), len(rows), files,
+                        f"a random choice, seed {sample_seed}" if sample_seed is not None else "the first ones")
+            rows = [rows[position] for position in positions]
         messages = [check_messages(row, prompt_key) for row in rows]
         texts = [render_chat(tokenizer, chat, True, apply_chat_template_kwargs) for chat in messages]
         token_ids = encode_texts(tokenizer, texts) if texts else []
@@ -84,7 +92,7 @@ class RLDataset:
         self.samples: list[PromptSample] = []
         self.num_filtered_overlong = 0  # prompts dropped for being longer than max_prompt_length
         self.truncated_rows: list[int] = []  # indices (as `PromptSample.index`) of the prompts truncation cut
-        for index, (row, chat, text, ids) in enumerate(zip(rows, messages, texts, token_ids)):
+        for index, row, chat, text, ids in zip(positions, rows, messages, texts, token_ids):
             # Checked before filtering, so that a malformed row is an error even when it is over-long.
             data_source = _data_source(row, reward_fn_key)
             ground_truth = _ground_truth(row)
@@ -141,6 +149,17 @@ class RLDataset:
 
     def __getitem__(self, index: int) -> PromptSample:
         return self.samples[index]
+
+
+def sample_positions(total: int, max_samples: int, seed: int | None) -> list[int]:
+    """The rows a dataset keeps of `total` (verl's `max_samples`): all when `max_samples` is not in 1 .. total - 1,
+    else `max_samples` of them, drawn as verl draws them (`numpy.random.default_rng(seed).choice(total, max_samples,
+    replace=False)`, in that order) when `seed` is given, or the first ones."""
+    if not 0 < max_samples < total:
+        return list(range(total))
+    if seed is None:
+        return list(range(max_samples))
+    return [int(position) for position in np.random.default_rng(seed).choice(total, size=max_samples, replace=False)]
 
 
 def _data_source(row: SourceRow, column: str) -> str:

@@ -209,14 +209,17 @@ def checkpointed_models(cfg: EmberConfig) -> list[CheckpointedModel]:
     return models
 
 
-def build_dataset(files, tokenizer, cfg: EmberConfig, tool_schemas: list[dict] | None = None) -> RLDataset:
-    """The prompts of `files`; with `tool_schemas` (multi-turn) the chat template renders the tools into each
-    prompt, as verl's agent loop does (`apply_chat_template(..., tools=...)`)."""
+def build_dataset(files, tokenizer, cfg: EmberConfig, tool_schemas: list[dict] | None = None,
+                  max_samples: int = -1) -> RLDataset:
+    """The prompts of `files` (`max_samples` of their rows: data.train_max_samples / val_max_samples); with
+    `tool_schemas` (multi-turn) the chat template renders the tools into each prompt, as verl's agent loop does
+    (`apply_chat_template(..., tools=...)`)."""
     data = cfg.data
     return RLDataset(files, tokenizer, prompt_key=data.prompt_key, max_prompt_length=data.max_prompt_length,
                      filter_overlong_prompts=data.filter_overlong_prompts, truncation=data.truncation,
                      return_raw_chat=data.return_raw_chat, reward_fn_key=data.reward_fn_key,
-                     apply_chat_template_kwargs={"tools": tool_schemas} if tool_schemas else None)
+                     apply_chat_template_kwargs={"tools": tool_schemas} if tool_schemas else None,
+                     max_samples=max_samples, sample_seed=data.seed if data.shuffle else None)
 
 
 def tool_schemas(cfg: EmberConfig) -> list[dict] | None:
@@ -345,9 +348,10 @@ def build_components(cfg: EmberConfig, use_ray: bool | None = None) -> RLCompone
     with startup.phase("data"):
         tokenizer = load_tokenizer(cfg)
         tools = tool_schemas(cfg)
-        train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg, tools)
+        train_dataset = build_dataset(cfg.data.train_files, tokenizer, cfg, tools, cfg.data.train_max_samples)
         train_loader = PromptLoader(train_dataset, prompts_per_round(cfg), shuffle=cfg.data.shuffle, seed=cfg.data.seed)
-        val_dataset = build_dataset(cfg.data.val_files, tokenizer, cfg, tools) if cfg.data.val_files else None
+        val_dataset = (build_dataset(cfg.data.val_files, tokenizer, cfg, tools, cfg.data.val_max_samples)
+                       if cfg.data.val_files else None)
         if not (cfg.custom_reward_function.path or cfg.data.reward_fn):
             check_built_in_reward_sources({"data.train_files": train_dataset, "data.val_files": val_dataset})
     total_steps = total_training_steps(cfg, len(train_loader))

@@ -269,3 +269,13 @@ def test_verls_loss_scale_factor_sets_the_seq_mean_token_sum_norm_divisor(inputs
             assert trainer.parts.actor.in_process().options.norm_length == expected
         finally:
             close(trainer)
+
+
+def test_verls_max_samples_keys_cut_the_train_and_validation_sets(inputs, tmp_path):
+    trainer = build_trainer(run_overrides(inputs, tmp_path / "run", "data.train_max_samples=8", "data.val_max_samples=3",
+                                          "trainer.val_before_train=False"))
+    try:
+        assert len(trainer.parts.train_loader.dataset) == 8 and len(trainer.parts.val_dataset) == 3
+        assert len({sample.index for sample in trainer.parts.train_loader.dataset}) == 8
+    finally:
+        close(trainer)

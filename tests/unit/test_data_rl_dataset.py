@@ -154,3 +154,20 @@ def test_missing_file_and_all_filtered_are_errors(tmp_path, prompts_file):
         RLDataset(str(tmp_path / "nothere.parquet"), make_tokenizer())
     with pytest.raises(DatasetError, match="no prompts left"):
         RLDataset(prompts_file, make_tokenizer(), max_prompt_length=3)
+
+
+def test_max_samples_keeps_the_rows_verl_draws_with_their_own_indices(prompts_file):
+    import numpy as np
+
+    tokenizer = make_tokenizer()
+    drawn = RLDataset(prompts_file, tokenizer, max_prompt_length=1000, max_samples=3, sample_seed=7)
+    expected = [int(i) for i in np.random.default_rng(7).choice(len(QUESTIONS), size=3, replace=False)]  # verl's draw
+    assert [sample.index for sample in drawn] == expected
+    assert [sample.ground_truth for sample in drawn] == [str(i) for i in expected]  # each row whole, as written
+    assert [sample.index for sample in RLDataset(prompts_file, tokenizer, max_prompt_length=1000, max_samples=2)] == [0, 1]
+    for everything in (-1, 0, len(QUESTIONS), 99):
+        assert len(RLDataset(prompts_file, tokenizer, max_prompt_length=1000, max_samples=everything,
+                             sample_seed=7)) == len(QUESTIONS)
+    # taken before the over-long filter, as verl does: rows 2 and 4 are over 30 tokens
+    filtered = RLDataset(prompts_file, tokenizer, max_prompt_length=30, filter_overlong_prompts=True, max_samples=3)
+    assert [sample.index for sample in filtered] == [0, 1] and filtered.num_filtered_overlong == 1

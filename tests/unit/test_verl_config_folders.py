@@ -139,3 +139,70 @@ def test_an_nla_run_file_without_a_defaults_list_extends_the_nla_base_and_says_w
 
     layers = compose_layers(str(tmp_path), "run", NLATrainConfig.builtin_bases, implicit_base="nla_grpo_full")
     assert [layer.source for layer in layers] == [str(run)]  # an explicit list is taken as written
+
+
+# Keys verl's config gained by early 2026 (verl b178a3cd, _generated_ppo_trainer.yaml and its Megatron twin), each at
+# verl's default, as a user's run file over verl's folder carries them.
+NEWER_VERL_KEYS_AT_DEFAULT = """
+defaults: [ppo_trainer, _self_]
+data: {train_max_samples: -1, val_max_samples: -1, seed: null, image_patch_size: 14,
+       tool_config_path: "${oc.select:actor_rollout_ref.rollout.multi_turn.tool_config_path, null}"}
+actor_rollout_ref:
+  actor:
+    loss_scale_factor: null
+    tau_pos: 1.0
+    tau_neg: 1.05
+    calculate_entropy: false
+    use_prefix_grouper: false
+    calculate_sum_pi_squared: false
+    sum_pi_squared_checkpointing: false
+    rollout_n: ${oc.select:actor_rollout_ref.rollout.n,1}
+    router_replay: {mode: disabled, record_file: null, replay_file: null}
+    optim: {optimizer: AdamW, optimizer_impl: torch.optim}
+    fsdp_config: {dtype: bfloat16}
+  ref: {rollout_n: 1, router_replay: {mode: disabled}, fsdp_config: {dtype: bfloat16}}
+  rollout:
+    expert_parallel_size: 1
+    pipeline_model_parallel_size: 1
+    logprobs_mode: processed_logprobs
+    scheduling_policy: fcfs
+    checkpoint_engine: {backend: naive, update_weights_bucket_megabytes: 2048}
+    enable_rollout_routing_replay: false
+    prometheus: {enable: false, port: 9090}
+  model:
+    tiled_mlp: {enabled: false, num_shards: 4}
+    mtp: {enable: false, enable_train: false, method: mtp}
+critic: {optim: {optimizer_impl: torch.optim}, model: {fsdp_config: {dtype: bfloat16}, tiled_mlp: {enabled: false}}}
+reward_manager: {source: register, name: naive, module: {_target_: x.ModuleConfig, path: null, name: custom_reward_manager}}
+reward_model: {use_reward_loop: true, reward_loop_source: register, reward_loop_module_path: null,
+               reward_loop_class_name: null, rollout: {name: "???", tensor_model_parallel_size: 2}}
+transfer_queue: {enable: false}
+"""
+
+
+def test_the_keys_newer_verl_writes_load_quietly_at_verls_defaults_and_are_refused_where_ember_would_differ(
+        tmp_path, caplog):
+    (tmp_path / "run.yaml").write_text(NEWER_VERL_KEYS_AT_DEFAULT)
+
+    def run(*overrides):
+        return load_config([f"{A}.rollout.name=vllm", *overrides], config_path=str(tmp_path),
+                           config_name="run", schema=EmberConfig)
+
+    with caplog.at_level(logging.WARNING):
+        cfg = run()
+    assert verl_warnings(caplog) == []
+    assert cfg.data.seed == 1 and cfg.data.train_max_samples == -1 and cfg.actor_rollout_ref.actor.loss_scale_factor is None
+    assert run("data.train_max_samples=100", f"{A}.actor.loss_scale_factor=2048").data.train_max_samples == 100
+    for override, named in ((f"{A}.model.mtp.enable=true", "multi-token prediction"),
+                            (f"{A}.actor.router_replay.mode=R3", "routing replay"),
+                            (f"{A}.rollout.expert_parallel_size=2", "tensor_model_parallel_size"),
+                            (f"{A}.rollout.logprobs_mode=raw_logprobs", "log_softmax"),
+                            ("reward_manager.module.path=my_manager.py", "reward manager"),
+                            (f"{A}.actor.optim.optimizer_impl=bitsandbytes.optim", "AdamW")):
+        with pytest.raises(ConfigError, match=named):
+            run(override)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        run(f"{A}.model.tiled_mlp.enabled=true")
+    (message,) = verl_warnings(caplog)
+    assert "tiled MLP" in message

@@ -43,7 +43,13 @@ class DataConfig:
                                           "templated token ids (no effect)")
     return_full_prompt: bool = field_(False, "verl: also keep the templated prompt text; ember keeps it always (no effect)")
     shuffle: bool = field_(True, "shuffle the training prompts each epoch")
-    seed: int = field_(1, "seed of the shuffle")
+    seed: int | None = field_(
+        1, "seed of the shuffle (and of the train/val_max_samples choice); null (verl's default, an unseeded order "
+           "there) is read as 1: ember's order is always reproducible")
+    train_max_samples: int = field_(
+        -1, "use only this many rows of data.train_files (-1: all): with data.shuffle a random choice seeded by "
+            "data.seed, as verl draws it, else the first ones; taken before the over-long filter")
+    val_max_samples: int = field_(-1, "the same for data.val_files")
     filter_overlong_prompts: bool = field_(False, "drop prompts longer than max_prompt_length when loading")
     filter_overlong_prompts_workers: int = field_(
         1, "verl: processes that tokenize prompts for the overlong filter; ember filters in the driver process "
