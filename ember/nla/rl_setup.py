@@ -14,6 +14,7 @@ import logging
 from ember.config.nla_rules import data_variant
 from ember.config.schema.nla_train import NLATrainConfig
 from ember.data.prompt_loader import PromptLoader
+from ember.data.rl_dataset import sample_positions
 from ember.nla.data import NLAPromptDataset, reading_options
 from ember.trainer.rank_setup import load_tokenizer, run_noise_injection, stop_token_ids
 from ember.trainer.rl_setup import RLComponents, build_worker_groups, total_training_steps, warn_overridden_settings
@@ -34,6 +35,9 @@ def build_nla_components(cfg: NLATrainConfig, use_ray: bool | None = None) -> tu
         dataset = NLAPromptDataset(data.train_files, tokenizer, marker, vectors, prompt_key=data.prompt_key,
                                    max_prompt_length=data.max_prompt_length, truncation=data.truncation,
                                    position=cfg.nla.injection.position)
+        positions = sample_positions(len(dataset), data.train_max_samples, data.seed if data.shuffle else None)
+        if len(positions) < len(dataset):  # data.train_max_samples, drawn as for RL prompts (rl_dataset.py)
+            dataset = [dataset[position] for position in positions]
     logger.info("NLA data: %d prompts, marker %r (token %d), %s run", len(dataset), marker.character, marker.token_id,
                 data_variant(data.train_files))
     loader = PromptLoader(dataset, data.train_batch_size, shuffle=data.shuffle, seed=data.seed)

@@ -5,6 +5,7 @@ import json
 import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 from fixtures import make_nla_model_dir, nla_rl_row
 from transformers import AutoModelForCausalLM
@@ -74,6 +75,23 @@ def test_a_random_control_file_is_tagged(tmp_path, model_dir):
     train = write_parquet(rows(), tmp_path / "rl_train_layer1_random.parquet")
     assert nla("train", "runs/qwen_7b/rl_grpo", *run_overrides(tmp_path, model_dir, train, steps=1)) == 0
     assert metric_lines(tmp_path / "run")[0]["nla/random_control"] == 1
+
+
+def test_verls_train_max_samples_draws_the_nla_prompts(tmp_path, model_dir):
+    from ember.config import load_config
+    from ember.config.schema.nla_train import NLATrainConfig
+    from ember.nla.rl_setup import build_nla_components
+
+    train = write_parquet(rows(), tmp_path / "rl_train_layer1.parquet")
+    cfg = load_config([*run_overrides(tmp_path, model_dir, train), "data.train_max_samples=4"], config_path=RUNS,
+                      config_name="runs/qwen_7b/rl_grpo", schema=NLATrainConfig)
+    parts, _ = build_nla_components(cfg, use_ray=False)
+    try:
+        drawn = parts.train_loader.dataset
+        expected = [int(i) for i in np.random.default_rng(cfg.data.seed).choice(8, 4, replace=False)]
+        assert [sample.index for sample in drawn] == expected  # data.shuffle: verl's seeded draw of 4 of the 8 rows
+    finally:
+        parts.shutdown()
 
 
 def test_nla_eval_scores_and_writes_explanations(tmp_path, model_dir, capsys):

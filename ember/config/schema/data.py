@@ -48,7 +48,8 @@ class DataConfig:
            "there) is read as 1: ember's order is always reproducible")
     train_max_samples: int = field_(
         -1, "use only this many rows of data.train_files (-1: all): with data.shuffle a random choice seeded by "
-            "data.seed, as verl draws it, else the first ones; taken before the over-long filter")
+            "data.seed, as verl draws it, else the first ones; taken before the over-long filter (ember nla train: "
+            "of the rows it reads)")
     val_max_samples: int = field_(-1, "the same for data.val_files")
     filter_overlong_prompts: bool = field_(False, "drop prompts longer than max_prompt_length when loading")
     filter_overlong_prompts_workers: int = field_(
