@@ -250,7 +250,9 @@ def total_training_steps(cfg: EmberConfig, steps_per_epoch: int) -> int:
 def warn_overridden_settings(cfg: EmberConfig, total_steps: int) -> None:
     """Logs each verl key the user set that ember replaces with its own value, so that setting it does not
     seem to have worked: the optimizer's step count (the schedule spans the run's `total_steps`, as verl
-    overwrites the key) and a checkpoint without the optimizer (ember always saves it, for exact resumes)."""
+    overwrites the key) and a checkpoint without the optimizer (ember always saves it, for exact resumes); and
+    where verl would run another loss than ember for the same keys (bypass mode with a policy loss other than
+    vanilla PPO)."""
     sections = {"actor_rollout_ref.actor": cfg.actor_rollout_ref.actor}
     if uses_critic(cfg):
         sections["critic"] = cfg.critic
@@ -264,6 +266,12 @@ def warn_overridden_settings(cfg: EmberConfig, total_steps: int) -> None:
             logger.warning("%s.checkpoint.save_contents=%s leaves out optimizer, but ember saves the optimizer "
                            "state anyway: resuming from a checkpoint continues the run exactly only with it",
                            path, list(section.checkpoint.save_contents))
+    correction, loss_mode = cfg.algorithm.rollout_correction, cfg.actor_rollout_ref.actor.policy_loss.loss_mode
+    if correction.bypass_mode and correction.loss_type == "ppo_clip" and loss_mode != "vanilla":
+        logger.warning("algorithm.rollout_correction.bypass_mode with actor.policy_loss.loss_mode=%s: ember trains "
+                       "with %s against the rollout's log-probs, as configured; verl's bypass mode replaces the loss "
+                       "mode by token-level PPO (vanilla) there, so its curves of this config are vanilla PPO's",
+                       loss_mode, loss_mode)
 
 
 def pool_roles(cfg: EmberConfig, placement: Placement) -> list[tuple[Pool, tuple[str, ...]]]:

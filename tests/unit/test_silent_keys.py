@@ -50,3 +50,15 @@ def test_a_checkpoint_without_the_optimizer_is_reported(caplog):
     message, = [record.getMessage() for record in caplog.records]
     assert f"{ACTOR}.checkpoint.save_contents=['model', 'extra'] leaves out optimizer" in message
     assert "saves the optimizer state anyway" in message
+
+
+def test_bypass_mode_with_gspo_says_that_verl_would_train_vanilla_ppo(caplog):
+    cfg = load_config(["algorithm.rollout_correction.bypass_mode=true", f"{ACTOR}.policy_loss.loss_mode=gspo"])
+    with caplog.at_level(logging.WARNING, logger="ember.trainer.rl_setup"):
+        warn_overridden_settings(cfg, total_steps=10)
+    message, = [record.getMessage() for record in caplog.records]
+    assert "loss_mode=gspo: ember trains with gspo" in message and "token-level PPO (vanilla)" in message
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="ember.trainer.rl_setup"):
+        warn_overridden_settings(load_config(["algorithm.rollout_correction.bypass_mode=true"]), total_steps=10)
+    assert caplog.records == []  # vanilla PPO: the same loss in both
