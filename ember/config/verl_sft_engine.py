@@ -62,8 +62,6 @@ SFT_ENGINE_VERL_KEYS: dict[str, VerlKey] = {
     "optim.lr_warmup_steps": VerlKey("warm-up is optim.lr_warmup_steps_ratio of the run's steps", -1, refuse=True),
     "optim.min_lr_ratio": VerlKey("the cosine schedule decays to 0", 0.0, refuse=True),
     "optim.num_cycles": VerlKey("the cosine schedule is half a cycle", 0.5, refuse=True),
-    "data.train_max_samples": VerlKey(f"{_NOT_READ}: every row of train_files is used", -1, refuse=True),
-    "data.val_max_samples": VerlKey(f"{_NOT_READ}: every row of val_files is used", -1, refuse=True),
     "data.pad_mode": VerlKey("ember packs with use_remove_padding (model.use_remove_padding) and pads otherwise; the "
                              "loss is the same either way"),
     "data.enable_thinking_key": VerlKey("a column of per-row enable_thinking flags is not read", "enable_thinking"),

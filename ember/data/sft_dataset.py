@@ -68,6 +68,7 @@ class SFTDataset:
         response_key: str = "response",
         apply_chat_template_kwargs: dict[str, Any] | None = None,
         tools_key: str = "tools",
+        max_samples: int = -1,
     ):
         if truncation not in SFT_TRUNCATION_MODES:
             raise ValueError(f"data.truncation={truncation!r} is not one of {', '.join(SFT_TRUNCATION_MODES)}")
@@ -90,6 +91,9 @@ class SFTDataset:
         }[self.form]
         optional = {"tokenized": ["attention_mask"], "messages": [tools_key]}.get(self.form, [])
         rows = read_parquet_rows(paths, required, optional=optional)
+        if 0 < max_samples < len(rows):  # data.train_max_samples / val_max_samples: the first rows, as verl's
+            logger.info("using the first %d of the %d rows of %s", max_samples, len(rows), ", ".join(paths))
+            rows = rows[:max_samples]
         self.examples: list[SFTExample] = []
         truncated, untrained = 0, []
         for index, row in enumerate(rows):

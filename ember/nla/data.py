@@ -198,11 +198,13 @@ class NLASFTDataset:
 
     def __init__(self, files: str | os.PathLike | Iterable[str | os.PathLike], tokenizer: PreTrainedTokenizerBase,
                  marker: Marker, vectors: VectorOptions, prompt_key: str = "prompt", response_key: str = "response",
-                 max_length: int = 1024, truncation: str = "error"):
+                 max_length: int = 1024, truncation: str = "error", max_samples: int = -1):
         if tokenizer.eos_token_id is None:
             raise DatasetError(f"tokenizer {tokenizer.name_or_path!r} has no eos token to end responses with")
         rows = _read_rows(files, marker, {prompt_key: "data.prompt_key", response_key: "data.response_key",
                                                  vectors.column: "nla.activation_vector_key"})
+        if 0 < max_samples < len(rows):  # data.train_max_samples / val_max_samples: the first rows, as verl's SFT
+            rows = rows[:max_samples]
         vectors = _first_size(vectors, rows)
         self.examples: list[NLASFTExample] = []
         for index, row in enumerate(rows):

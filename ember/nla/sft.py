@@ -77,11 +77,11 @@ class NLASFTTrainer(SFTTrainer):
         return reading_options(self.cfg.nla, self.tokenizer, self.cfg.model.partial_pretrain,
                                self.cfg.model.trust_remote_code)
 
-    def build_dataset(self, files) -> NLASFTDataset:
+    def build_dataset(self, files, max_samples: int = -1) -> NLASFTDataset:
         cfg = self.cfg
         return NLASFTDataset(files, self.tokenizer, *self.reading, prompt_key=cfg.data.prompt_key,
                              response_key=cfg.data.response_key, max_length=cfg.data.max_length,
-                             truncation=cfg.data.truncation)
+                             truncation=cfg.data.truncation, max_samples=max_samples)
 
     def build_engine(self):
         cfg = self.cfg

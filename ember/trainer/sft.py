@@ -68,9 +68,10 @@ class SFTTrainer:
         self.cfg = cfg
         self.run_dir = cfg.trainer.default_local_dir
         self.tokenizer = load_tokenizer(cfg)
-        self.train_loader = PromptLoader(self.build_dataset(cfg.data.train_files),
+        self.train_loader = PromptLoader(self.build_dataset(cfg.data.train_files, cfg.data.train_max_samples),
                                          cfg.data.train_batch_size, shuffle=True, seed=cfg.trainer.seed)
-        self.val_dataset = self.build_dataset(cfg.data.val_files) if cfg.data.val_files else None
+        self.val_dataset = (self.build_dataset(cfg.data.val_files, cfg.data.val_max_samples)
+                            if cfg.data.val_files else None)
         self.total_steps = cfg.trainer.total_training_steps or len(self.train_loader) * self.total_epochs
         note = sft_accumulation_note(cfg)
         if note:
@@ -93,8 +94,8 @@ class SFTTrainer:
     def total_epochs(self) -> int:
         return self.cfg.trainer.total_epochs
 
-    def build_dataset(self, files):
-        return build_dataset(files, self.tokenizer, self.cfg)
+    def build_dataset(self, files, max_samples: int = -1):
+        return build_dataset(files, self.tokenizer, self.cfg, max_samples)
 
     def build_engine(self):
         cfg = self.cfg
@@ -252,7 +253,7 @@ def load_tokenizer(cfg: SFTConfig) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def build_dataset(files, tokenizer: PreTrainedTokenizerBase, cfg: SFTConfig) -> SFTDataset:
+def build_dataset(files, tokenizer: PreTrainedTokenizerBase, cfg: SFTConfig, max_samples: int = -1) -> SFTDataset:
     """Messages form with `data.multiturn.enable`; otherwise prompt/response columns, or
     pre-tokenised `input_ids`/`labels` when the files have those instead."""
     data = cfg.data
@@ -260,7 +261,7 @@ def build_dataset(files, tokenizer: PreTrainedTokenizerBase, cfg: SFTConfig) -> 
     return SFTDataset(files, tokenizer, max_length=data.max_length, truncation=data.truncation, form=form,
                       messages_key=data.multiturn.messages_key, tools_key=data.multiturn.tools_key,
                       prompt_key=data.prompt_key,
-                      response_key=data.response_key)
+                      response_key=data.response_key, max_samples=max_samples)
 
 
 def sft_optim_options(optim: SFTOptimConfig, total_steps: int) -> OptimOptions:

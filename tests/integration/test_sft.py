@@ -163,6 +163,15 @@ def test_a_stop_requested_during_the_last_step_still_finishes_the_run(workspace,
     assert [step for step, _ in list_checkpoints(str(run_dir))] == [2]
 
 
+def test_verls_train_max_samples_cuts_the_sft_rows(workspace, tmp_path, caplog):
+    run_dir = tmp_path / "run"
+    with caplog.at_level("INFO"):
+        assert main(["sft", *run_args(workspace, run_dir, "data.train_batch_size=4", "data.micro_batch_size_per_gpu=4",
+                                      "data.train_max_samples=8", "trainer.total_training_steps=1")]) == 0
+    assert any(record.getMessage().startswith("using the first 8 of the ") for record in caplog.records)
+    assert read_jsonl_metrics(str(run_dir / "metrics.jsonl"))[0]["train/epoch"] == pytest.approx(1 / 2)  # 2 steps an epoch
+
+
 @pytest.mark.slow
 def test_tiny_model_learns_and_the_exported_model_answers(workspace, tmp_path):
     run_dir = tmp_path / "run"

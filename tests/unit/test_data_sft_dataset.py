@@ -186,3 +186,14 @@ def test_truncated_rows_are_counted_and_rows_left_without_a_target_named(tmp_pat
     assert len(dataset) == 3 and sum(dataset[1].loss_mask) == 0  # rows stay; what they lost is reported
     assert "data.truncation=right cut 3 of 3 rows to data.max_length=3" in caplog.text
     assert "rows 0, 1, 2 keep no token to train on" in caplog.text
+
+
+def test_max_samples_keeps_the_first_rows_as_verls_sft_dataset_does(tmp_path):
+    tokenizer = make_tokenizer()
+    rows = [{"prompt": f"What is {i} + 1?", "response": f"#### {i + 1}"} for i in range(5)]
+    path = write(tmp_path, rows)
+    kept = SFTDataset(path, tokenizer, max_length=200, max_samples=2)
+    assert len(kept) == 2
+    assert [example.input_ids for example in kept] == [example.input_ids for example in SFTDataset(path, tokenizer, 200)][:2]
+    assert len(SFTDataset(path, tokenizer, max_length=200, max_samples=-1)) == 5
+    assert len(SFTDataset(path, tokenizer, max_length=200, max_samples=9)) == 5

@@ -43,13 +43,17 @@ def test_the_newer_forms_command_line_keys_reach_the_same_fields():
 @pytest.mark.parametrize("override, message", [
     ("optim.warmup_style=cosine", "optim.warmup_style='cosine'.*write optim.lr_scheduler_type"),
     ("model.mtp={enable: true}", "model.mtp=.*multi-token prediction"),
-    ("data.train_max_samples=100", "data.train_max_samples=100.*every row of train_files"),
     ("optim.min_lr_ratio=0.1", "optim.min_lr_ratio=0.1.*decays to 0"),
     ("model.override_config={attention_dropout: 0.1}", "model.override_config="),
 ])
 def test_what_ember_would_run_otherwise_is_refused_by_name(override, message):
     with pytest.raises(ConfigError, match=message):
         verl_file(override)
+
+
+def test_verls_max_samples_keys_are_read():
+    cfg = verl_file("data.train_max_samples=100", "data.val_max_samples=10")
+    assert (cfg.data.train_max_samples, cfg.data.val_max_samples) == (100, 10)
 
 
 def test_a_key_without_effect_is_named(caplog):

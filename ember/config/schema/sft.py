@@ -41,6 +41,9 @@ class SFTDataConfig:
     max_length: int = field_(1024, "longest example in tokens (prompt + response)")
     truncation: Truncation = field_(
         "error", "what to do with an example over max_length: error, or cut it on the left, right or middle")
+    train_max_samples: int = field_(-1, "use only the first this many rows of train_files (-1: all), as verl's SFT "
+                                        "dataset does without a data.shuffle key")
+    val_max_samples: int = field_(-1, "the same for val_files")
     train_batch_size: int = field_(256, "examples per optimizer step over all GPUs")
     micro_batch_size_per_gpu: int = field_(4, "examples per forward/backward on one GPU")
     use_dynamic_bsz: bool = field_(False, "form micro-batches by a token budget instead of micro_batch_size_per_gpu")
