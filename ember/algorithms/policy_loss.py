@@ -137,9 +137,9 @@ def compute_gspo_policy_loss(
     ranges far smaller than PPO's, e.g. 3e-4 / 4e-4). Aggregated with seq-mean-token-mean
     whatever `loss_agg_mode` says, as the paper and verl (`compute_policy_loss_gspo` passes
     that mode to `agg_loss` itself) do: a run's `actor.loss_agg_mode` still shapes its
-    entropy and KL terms, not this one. No dual clip, so clipfrac_lower is 0.
+    entropy and KL terms, not this one (the argument is taken as every policy loss takes it). No dual clip,
+    so clipfrac_lower is 0.
     """
-    loss_agg_mode = GSPO_LOSS_AGG_MODE
     mask = inputs.response_mask
     log_ratio = inputs.log_probs - inputs.old_log_probs
     lengths = mask.bool().sum(dim=-1).clamp(min=1).to(log_ratio.dtype)
@@ -147,7 +147,7 @@ def compute_gspo_policy_loss(
     token_log_ratio = inputs.log_probs - inputs.log_probs.detach() + sequence_log_ratio.detach().unsqueeze(-1)
     ratio = torch.exp(torch.clamp(token_log_ratio, max=GSPO_LOG_RATIO_MAX))
     token_losses, clipped = clipped_surrogate(ratio=ratio, advantages=inputs.advantages, clip=clip)
-    loss = aggregate_loss(_weighted(token_losses, inputs), mask=mask, mode=loss_agg_mode, num_tokens=num_tokens,
+    loss = aggregate_loss(_weighted(token_losses, inputs), mask=mask, mode=GSPO_LOSS_AGG_MODE, num_tokens=num_tokens,
                           num_sequences=num_sequences, norm_length=norm_length)
     with torch.no_grad():
         return PolicyLossOutput(

@@ -24,7 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from ember.data.chat import check_messages, encode_chat_with_assistant_mask, encode_texts, render_chat
 from ember.data.parquet import DatasetError, SourceRow, as_file_list, read_parquet_rows, read_parquet_schema
-from ember.data.rl_dataset import truncate_tokens
+from ember.data.rl_dataset import sample_positions, truncate_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +91,10 @@ class SFTDataset:
         }[self.form]
         optional = {"tokenized": ["attention_mask"], "messages": [tools_key]}.get(self.form, [])
         rows = read_parquet_rows(paths, required, optional=optional)
-        if 0 < max_samples < len(rows):  # data.train_max_samples / val_max_samples: the first rows, as verl's
-            logger.info("using the first %d of the %d rows of %s", max_samples, len(rows), ", ".join(paths))
-            rows = rows[:max_samples]
+        kept = sample_positions(len(rows), max_samples, seed=None)  # the first rows, as verl's SFT dataset
+        if len(kept) < len(rows):
+            logger.info("using the first %d of the %d rows of %s", len(kept), len(rows), ", ".join(paths))
+            rows = [rows[i] for i in kept]
         self.examples: list[SFTExample] = []
         truncated, untrained = 0, []
         for index, row in enumerate(rows):

@@ -85,13 +85,12 @@ def kept_threshold(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
         if top_p >= 1:
             return kth
         ties_outside = (scaled == kth).sum(-1, keepdim=True) - (candidates == kth).sum(-1, keepdim=True)
+        outside_weight = ties_outside * (kth - candidates[:, :1]).exp()
     else:
         candidates = scaled.sort(dim=-1, descending=True).values
-        kth, ties_outside = candidates[:, -1:], None
+        outside_weight = 0.0
     weights = (candidates - candidates[:, :1]).exp()
-    total = weights.sum(-1, keepdim=True)
-    if ties_outside is not None:
-        total = total + ties_outside * (kth - candidates[:, :1]).exp()
+    total = weights.sum(-1, keepdim=True) + outside_weight
     mass_before = (weights.cumsum(-1) - weights) / total
     kept = (mass_before < top_p).sum(-1, keepdim=True).clamp(min=1)  # a prefix of the candidates
     return candidates.gather(-1, kept - 1)

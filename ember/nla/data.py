@@ -24,7 +24,7 @@ from transformers import AutoConfig, PreTrainedTokenizerBase
 from ember.config.schema.nla import NLASection
 from ember.data.chat import Messages, check_messages, encode_texts, render_chat
 from ember.data.parquet import DatasetError, SourceRow, as_file_list, read_parquet_rows, read_parquet_schema
-from ember.data.rl_dataset import truncate_tokens
+from ember.data.rl_dataset import sample_positions, truncate_tokens
 from ember.nla.marker import Marker, check_recorded_marker, choose_marker
 
 # Columns the extraction writes about where a vector came from; kept with each record, never required.
@@ -203,8 +203,7 @@ class NLASFTDataset:
             raise DatasetError(f"tokenizer {tokenizer.name_or_path!r} has no eos token to end responses with")
         rows = _read_rows(files, marker, {prompt_key: "data.prompt_key", response_key: "data.response_key",
                                                  vectors.column: "nla.activation_vector_key"})
-        if 0 < max_samples < len(rows):  # data.train_max_samples / val_max_samples: the first rows, as verl's SFT
-            rows = rows[:max_samples]
+        rows = [rows[i] for i in sample_positions(len(rows), max_samples, seed=None)]  # the first ones, as verl's SFT
         vectors = _first_size(vectors, rows)
         self.examples: list[NLASFTExample] = []
         for index, row in enumerate(rows):

@@ -131,14 +131,14 @@ def load_engines(path: str, engines: Engines, resident: bool = False) -> None:
                 engine.load(folder)
         except torch.OutOfMemoryError:
             raise
-        except WorkerError as error:  # a Ray worker's load: damage only if the worker's own error says so
-            if not isinstance(error.cause, damage) or isinstance(error.cause, (torch.OutOfMemoryError, WorkerError)):
-                raise  # its process died, ran out of memory, or failed otherwise: not the checkpoint's bytes
-            raise CheckpointProblem(f"{folder} does not load although every file is there and long enough, so "
-                                    f"bytes in it are damaged ({_first_failure(error.cause)})") from None
         except damage as error:
+            # a Ray worker's load (WorkerError) is damage only if the worker's own error is: not when its process
+            # died (no cause), ran out of memory or failed otherwise
+            cause = error.cause if isinstance(error, WorkerError) else error
+            if not isinstance(cause, damage) or isinstance(cause, torch.OutOfMemoryError):
+                raise
             raise CheckpointProblem(f"{folder} does not load although every file is there and long enough, so "
-                                    f"bytes in it are damaged ({_first_failure(error)})") from None
+                                    f"bytes in it are damaged ({_first_failure(cause)})") from None
 
 
 def _first_failure(error: BaseException) -> str:

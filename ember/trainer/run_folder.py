@@ -85,16 +85,15 @@ def claim_run_folder(checkpoints: CheckpointManager, resumed_from: str | None, o
         os.replace(temporary, os.path.join(run_dir, CONFIG_FILE))
 
 
-def set_aside_later_checkpoints(run_dir: str, step: int) -> list[str]:
+def set_aside_later_checkpoints(run_dir: str, step: int) -> None:
     """Moves the checkpoints of `run_dir` newer than `step`, the one the run resumed from (an older one named by
     `trainer.resume_from_path`, or the newest that loads under `auto`), into `superseded_after_step_<step>/`: the
     run goes on from `step`, and a later `resume_mode=auto` must not take up the abandoned line from them. Nothing
     is deleted (`ember export` reads them there, beside a copy of the config.yaml they were written with); the
-    newest-step record is set back to `step`. Returns the moved
-    folders' new paths."""
+    newest-step record is set back to `step`."""
     later = [path for saved, path in list_checkpoints(run_dir) if saved > step]
     if not later:
-        return []
+        return
     aside = os.path.join(run_dir, f"superseded_after_step_{step}")
     suffix = 1
     while os.path.exists(aside):  # resumed from this step before
@@ -113,7 +112,6 @@ def set_aside_later_checkpoints(run_dir: str, step: int) -> list[str]:
     logger.warning("resumed from step %d of %s: its later checkpoints (%s) are set aside in %s, so that a later "
                    "trainer.resume_mode=auto goes on from this run's own line", step, run_dir,
                    ", ".join(os.path.basename(path) for path in moved), aside)
-    return moved
 
 
 def check_fresh_start(run_dir: str, overwrite: bool, reason: str) -> None:
