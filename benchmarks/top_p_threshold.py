@@ -13,15 +13,7 @@ import argparse
 import torch
 
 from ember.inference.kernels.nucleus import nucleus_threshold
-
-
-def sorted_threshold(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
-    """The sort path's threshold (`sampling.kept_threshold` without a top-k, as the CPU runs it)."""
-    ordered = scaled.sort(dim=-1, descending=True).values
-    weights = (ordered - ordered[:, :1]).exp()
-    mass_before = (weights.cumsum(-1) - weights) / weights.sum(-1, keepdim=True)
-    kept = (mass_before < top_p).sum(-1, keepdim=True).clamp(min=1)
-    return ordered.gather(-1, kept - 1)
+from ember.inference.sampling import sorted_nucleus_threshold
 
 
 def graph_ms(fn, replays: int = 20) -> float:
@@ -53,8 +45,8 @@ def main() -> None:
     for rows in args.rows:
         for scale in args.scales:
             scaled = torch.randn(rows, args.vocab, device="cuda") * scale
-            differ = ((scaled < sorted_threshold(scaled, args.top_p)) != (scaled < nucleus_threshold(scaled, args.top_p)))
-            print(f"| {rows} | N(0, {scale:g}²) | {graph_ms(lambda: sorted_threshold(scaled, args.top_p)):.3f} | "
+            differ = ((scaled < sorted_nucleus_threshold(scaled, args.top_p)) != (scaled < nucleus_threshold(scaled, args.top_p)))
+            print(f"| {rows} | N(0, {scale:g}²) | {graph_ms(lambda: sorted_nucleus_threshold(scaled, args.top_p)):.3f} | "
                   f"{graph_ms(lambda: nucleus_threshold(scaled, args.top_p)):.3f} | {int(differ.any(-1).sum())} |", flush=True)
 
 

@@ -71,24 +71,31 @@ def kept_threshold(scaled: Tensor, top_k: int, top_p: float) -> Tensor:
 
     With a top-k the nucleus lies among the k largest (`topk`, no sort of the vocabulary): their probabilities
     over the kept set (the k, plus any tokens outside them tied with the k-th) give the mass before each of them.
-    Without one, the row is sorted, and the threshold is the least candidate whose mass before it is below top_p;
-    on CUDA the same threshold is searched for instead (`kernels/nucleus.py`).
+    Without one, the CPU sorts the row (`sorted_nucleus_threshold`) and CUDA searches for the same threshold
+    (`kernels/nucleus.py`).
     """
-    vocab = scaled.shape[-1]
-    if scaled.is_cuda and not 0 < top_k < vocab:
-        from ember.inference.kernels.nucleus import nucleus_threshold
-
-        return nucleus_threshold(scaled, top_p)
-    if 0 < top_k < vocab:
+    if 0 < top_k < scaled.shape[-1]:
         candidates = scaled.topk(top_k, dim=-1).values  # descending
         kth = candidates[:, -1:]
         if top_p >= 1:
             return kth
         ties_outside = (scaled == kth).sum(-1, keepdim=True) - (candidates == kth).sum(-1, keepdim=True)
-        outside_weight = ties_outside * (kth - candidates[:, :1]).exp()
-    else:
-        candidates = scaled.sort(dim=-1, descending=True).values
-        outside_weight = 0.0
+        return _nucleus_among(candidates, ties_outside * (kth - candidates[:, :1]).exp(), top_p)
+    if scaled.is_cuda:
+        from ember.inference.kernels.nucleus import nucleus_threshold
+
+        return nucleus_threshold(scaled, top_p)
+    return sorted_nucleus_threshold(scaled, top_p)
+
+
+def sorted_nucleus_threshold(scaled: Tensor, top_p: float) -> Tensor:
+    """(rows, 1): the top-p cut's least kept scaled logit, by sorting each whole row (the CPU's path)."""
+    return _nucleus_among(scaled.sort(dim=-1, descending=True).values, 0.0, top_p)
+
+
+def _nucleus_among(candidates: Tensor, outside_weight: Tensor | float, top_p: float) -> Tensor:
+    """The least of `candidates` (rows, k), descending, whose mass before it is below top_p, the mass over the
+    candidates plus `outside_weight` (exp(logit - the row's largest) of kept tokens that are not candidates)."""
     weights = (candidates - candidates[:, :1]).exp()
     total = weights.sum(-1, keepdim=True) + outside_weight
     mass_before = (weights.cumsum(-1) - weights) / total
